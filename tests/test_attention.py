@@ -1,0 +1,104 @@
+import math
+
+import pytest
+import torch
+
+import vit
+
+
+def reference(q, k, v, scale, mask=None):
+    """The textbook formula, written out independently of vit.attend."""
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_fused_equals_reference_path(use_mask):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 7, 16), torch.randn(2, 3, 9, 16), torch.randn(2, 3, 9, 5)
+    mask = torch.rand(2, 1, 7, 9) > 0.4 if use_mask else None
+    if mask is not None:
+        mask[..., 0] = True  # no fully masked rows here; those are tested below
+    fused = vit.attend(q, k, v, mask=mask)
+    ref, weights = vit.attend(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused, reference(q, k, v, 1 / 4, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 7))
+    if mask is not None:
+        assert (weights[~mask.expand_as(weights)] == 0).all()
+
+
+def test_plain_2d_tensors_like_the_textbook():
+    q, k, v = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 3)
+    out = vit.attend(q, k, v)
+    assert out.shape == (4, 3)
+    torch.testing.assert_close(out, torch.softmax(q @ k.T / math.sqrt(8), dim=-1) @ v)
+    mask = torch.rand(4, 6) > 0.3
+    mask[:, 0] = True
+    torch.testing.assert_close(vit.attend(q, k, v, mask=mask), vit.attend(q, k, v, mask=mask, need_weights=True)[0])
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1, 3.0])
+def test_scale_is_used_as_given(scale):
+    q, k, v = torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 4)
+    expected = torch.softmax(scale * q @ k.T, dim=-1) @ v
+    torch.testing.assert_close(vit.attend(q, k, v, scale=scale), expected)
+    out, weights = vit.attend(q, k, v, scale=scale, need_weights=True)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(weights, torch.softmax(scale * q @ k.T, dim=-1))
+
+
+def test_fully_masked_row_returns_zeros_not_nan():
+    q, k, v = torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 2)
+    mask = torch.ones(1, 3, 5, dtype=torch.bool)
+    mask[0, 1] = False
+    for need_weights in (False, True):
+        out = vit.attend(q, k, v, mask=mask, need_weights=need_weights)
+        out, weights = out if need_weights else (out, None)
+        assert torch.isfinite(out).all()
+        assert (out[0, 1] == 0).all()
+        torch.testing.assert_close(out[0, [0, 2]], reference(q, k, v, 0.5)[0, [0, 2]])
+        if weights is not None:
+            assert (weights[0, 1] == 0).all()
+
+
+def test_bad_shapes_and_masks_are_named():
+    with pytest.raises(ValueError, match="query width 4 does not match key width 5"):
+        vit.attend(torch.randn(3, 4), torch.randn(3, 5), torch.randn(3, 5))
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        vit.attend(torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4), mask=torch.ones(3, 3))
+
+
+def test_self_and_cross_attention_shapes():
+    torch.manual_seed(0)
+    x, context = torch.randn(2, 7, 32), torch.randn(2, 11, 48)
+    self_attn = vit.MultiHeadAttention(32, 4)
+    assert self_attn(x).shape == (2, 7, 32)
+    out, weights = self_attn(x, need_weights=True)
+    assert weights.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(out, self_attn(x), rtol=1e-5, atol=1e-6)
+
+    cross = vit.MultiHeadAttention(32, 4, dim_head=8, context_dim=48)
+    out, weights = cross(x, context, need_weights=True)
+    assert out.shape == (2, 7, 32) and weights.shape == (2, 4, 7, 11)
+    torch.testing.assert_close(out, cross(x, context), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pass context"):
+        cross(x)
+
+
+def test_same_width_context_reuses_the_fused_projection():
+    torch.manual_seed(0)
+    attn = vit.MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 5, 16)
+    # cross-attending to yourself is self-attention
+    torch.testing.assert_close(attn(x, context=x), attn(x), rtol=1e-5, atol=1e-6)
+    assert attn(x, context=torch.randn(2, 9, 16)).shape == (2, 5, 16)
+    with pytest.raises(ValueError, match="context_dim"):
+        attn(x, context=torch.randn(2, 9, 8))
+
+
+def test_heads_must_divide_dim():
+    with pytest.raises(ValueError, match="dim 10 is not divisible by heads 3"):
+        vit.MultiHeadAttention(10, 3)

@@ -1,0 +1,187 @@
+import pytest
+import torch
+
+import vit
+
+
+def small_vit(**kwargs):
+    args = dict(image_size=16, patch_size=4, num_classes=5, dim=32, depth=2, heads=2)
+    args.update(kwargs)
+    return vit.ViT(**args)
+
+
+# ---- patchification ---------------------------------------------------------------------------------------
+
+
+def coded_image(channels=3, height=8, width=12):
+    """Pixel (c, r, col) holds the number 10000*c + 100*r + col, so every token can be checked by hand."""
+    c = torch.arange(channels).view(-1, 1, 1)
+    r = torch.arange(height).view(1, -1, 1)
+    col = torch.arange(width).view(1, 1, -1)
+    return (10000 * c + 100 * r + col).float().unsqueeze(0)
+
+
+def test_patchify_hand_built_image():
+    p = 4
+    image = coded_image()  # 2 x 3 grid of patches
+    tokens = vit.patchify(image, p)
+    assert tokens.shape == (1, 6, p * p * 3)
+    for index in range(6):
+        gr, gc = divmod(index, 3)  # row-major over the patch grid
+        expected = [
+            10000 * c + 100 * (gr * p + i) + (gc * p + j) for i in range(p) for j in range(p) for c in range(3)
+        ]  # each patch flattened as (p1 p2 c): channel fastest
+        assert tokens[0, index].tolist() == expected
+
+
+def test_unpatchify_inverts_patchify():
+    images = torch.randn(2, 3, 8, 12)
+    assert torch.equal(vit.unpatchify(vit.patchify(images, 4), 4, (8, 12)), images)
+    patches = torch.randn(2, 6, 48)
+    assert torch.equal(vit.patchify(vit.unpatchify(patches, 4, (8, 12)), 4), patches)
+
+
+def test_patch_embedding_is_a_linear_layer_on_patches():
+    model = small_vit()
+    images = torch.randn(3, 3, 16, 16)
+    proj = model.patch_embed.proj
+    expected = vit.patchify(images, 4) @ proj.weight.T + proj.bias
+    torch.testing.assert_close(model.patch_embed(images), expected)
+
+
+# ---- the model --------------------------------------------------------------------------------------------
+
+
+def test_api_shapes():
+    model = vit.ViT(image_size=32, patch_size=4, num_classes=10, dim=192, depth=6, heads=3)
+    images = torch.randn(2, 3, 32, 32)
+    assert model(images).shape == (2, 10)
+    assert model.forward_features(images).shape == (2, 65, 192)
+    assert model.attention_maps(images).shape == (6, 2, 3, 65, 65)
+    backbone = vit.ViT(image_size=32, patch_size=4, num_classes=0, dim=192, depth=6, heads=3)
+    assert backbone(images).shape == (2, 192)
+    tokens = backbone.forward_features(images)
+    torch.testing.assert_close(backbone(images), tokens[:, 0])
+    assert model.forward_head(tokens, pre_logits=True).shape == (2, 192)
+
+
+def test_rectangular_images_and_mean_pool():
+    model = small_vit(image_size=(16, 24), pool="mean").eval()
+    images = torch.randn(2, 3, 16, 24)
+    tokens = model.forward_features(images)
+    assert tokens.shape == (2, 1 + 4 * 6, 32)
+    torch.testing.assert_close(model(images), model.head(tokens[:, 1:].mean(1)))
+
+
+def test_every_parameter_gets_a_gradient():
+    model = small_vit(drop_path=0.1, dropout=0.1, attn_dropout=0.1)
+    loss = model(torch.randn(4, 3, 16, 16)).logsumexp(-1).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        assert torch.isfinite(p.grad).all(), name
+
+
+def test_attention_maps_equal_fused_forward():
+    """The weights come from the reference path; running the blocks with them gives the fused output."""
+    model = small_vit().eval()
+    images = torch.randn(2, 3, 16, 16)
+    maps = model.attention_maps(images)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 17))
+    x = model._embed(images)
+    for block in model.blocks:
+        x_weights, _ = block(x, need_weights=True)
+        x = block(x)
+        torch.testing.assert_close(x, x_weights, rtol=1e-5, atol=1e-5)
+
+
+def test_no_weight_decay_names():
+    model = small_vit()
+    exempt = model.no_weight_decay()
+    assert {"cls_token", "pos_embed", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"} <= exempt
+    assert "blocks.0.attn.qkv.weight" not in exempt and "head.weight" not in exempt
+    decayed = {n for n, p in model.named_parameters()} - exempt
+    assert all(model.get_parameter(n).ndim == 2 for n in decayed)
+
+
+def test_named_sizes():
+    model = vit.ViT(**vit.size_config("tiny"))
+    assert len(model.blocks) == 9 and model.dim == 192
+    with pytest.raises(ValueError, match="unknown size 'huge'"):
+        vit.size_config("huge")
+
+
+# ---- CLS-token attention flow -----------------------------------------------------------------------------
+
+
+def test_cls_output_depends_on_every_patch():
+    model = small_vit(num_classes=0).eval()
+    images = torch.randn(1, 3, 16, 16, requires_grad=True)
+    # a random read-out: the plain sum of a LayerNorm output is constant and would have no gradient
+    (model(images) * torch.randn(1, 32)).sum().backward()
+    per_patch = vit.patchify(images.grad.abs(), 4).sum(-1)  # (1, N)
+    assert (per_patch > 0).all()
+
+
+def test_cls_attention_rows_sum_to_one_over_all_tokens():
+    model = small_vit().eval()
+    maps = model.attention_maps(torch.randn(3, 3, 16, 16))
+    cls_rows = maps[:, :, :, 0, :]  # (depth, B, heads, 1 + N)
+    assert cls_rows.shape[-1] == 17
+    torch.testing.assert_close(cls_rows.sum(-1), torch.ones(cls_rows.shape[:-1]))
+    assert (cls_rows[..., 1:] > 0).all()  # CLS reads the patches
+
+
+def test_cls_reads_a_set_without_position_embeddings():
+    model = small_vit(num_classes=0).eval()
+    with torch.no_grad():
+        model.pos_embed.zero_()
+    images = torch.randn(2, 3, 16, 16)
+    tokens = vit.patchify(images, 4)
+    shuffled = vit.unpatchify(tokens[:, torch.randperm(tokens.shape[1])], 4, 16)
+    assert not torch.equal(shuffled, images)
+    torch.testing.assert_close(model(shuffled), model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_cls_blind_to_patches_under_a_mask():
+    model = small_vit(num_classes=0).eval()
+    mask = torch.ones(17, 17, dtype=torch.bool)
+    mask[0, 1:] = False  # the CLS query may only attend to itself
+    a, b = torch.randn(2, 1, 3, 16, 16)
+    torch.testing.assert_close(model(a, mask=mask), model(b, mask=mask))
+    assert not torch.allclose(model(a), model(b))
+
+
+# ---- errors a user can act on ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(image_size=30, patch_size=4), ValueError, "image_size 30 is not divisible by patch_size 4"),
+        (dict(image_size=(16, 18), patch_size=4), ValueError, "image_size 18 is not divisible by patch_size 4"),
+        (dict(dim=30, heads=4), ValueError, "dim 30 is not divisible by heads 4"),
+        (dict(pool="max"), ValueError, "unknown pool 'max'"),
+        (dict(depth=0), ValueError, "depth must be a positive integer"),
+        (dict(drop_path=1.5), ValueError, "drop_path must be in"),
+    ],
+)
+def test_bad_config(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        small_vit(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "images, error, message",
+    [
+        (torch.randn(2, 1, 16, 16), ValueError, "expected 3 channels, got 1"),
+        (torch.randn(2, 3, 32, 32), ValueError, "expected images of size 16x16, got 32x32"),
+        (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), TypeError, "expected floating-point images, got torch.uint8"),
+        (torch.randn(3, 16, 16), ValueError, r"shape \(B, C, H, W\)"),
+        ([[1.0]], TypeError, "expected a torch.Tensor"),
+    ],
+)
+def test_bad_input(images, error, message):
+    with pytest.raises(error, match=message):
+        small_vit()(images)

@@ -1,0 +1,162 @@
+"""Scaled dot-product attention: one primitive, and the multi-head module built on it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``softmax(q @ k^T * scale) @ v``, the one attention primitive of the package.
+
+    Args:
+        q: queries ``(..., Nq, d)``; plain 2-D tensors work too.
+        k: keys ``(..., Nk, d)``.
+        v: values ``(..., Nk, dv)``.
+        mask: boolean, True where a query may attend to a key; broadcastable to ``(..., Nq, Nk)``.
+        scale: multiplier of the logits; ``None`` means ``1 / sqrt(d)``, a float is used as given
+            (``scale=1.0`` is unscaled dot-product attention).
+        dropout_p: dropout on the attention weights (pass 0 at evaluation).
+        need_weights: also return the softmax weights ``(..., Nq, Nk)``.
+
+    Returns:
+        The output ``(..., Nq, dv)``, or ``(output, weights)`` when ``need_weights``.
+
+    Without weights this runs PyTorch's fused ``F.scaled_dot_product_attention``; with weights it runs the
+    readable reference path below, which gives the same output (``tests/test_attention.py`` proves it).
+
+    A query whose mask row is all False may attend to nothing: its output row and its weights are zeros,
+    never NaN (softmax over an empty set is undefined, and zero is what "no contribution" means).
+    """
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"query width {q.shape[-1]} does not match key width {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{k.shape[-2]} keys but {v.shape[-2]} values: they must pair up")
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+
+    # A fully masked row would give softmax(-inf, ..., -inf) = NaN: let it see every key, then zero it.
+    empty = None
+    if mask is not None:
+        empty = ~mask.any(dim=-1, keepdim=True)  # (..., Nq, 1)
+        mask = mask | empty
+
+    if need_weights:
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = (q @ k.transpose(-2, -1)) * scale  # (..., Nq, Nk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)
+        if empty is not None:
+            weights = weights.masked_fill(empty, 0.0)
+        out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
+        return out, weights
+
+    squeeze = q.dim() == 2  # the fused kernels want a batch dimension
+    if squeeze:
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        mask = mask.unsqueeze(0) if mask is not None and mask.dim() > 0 else mask
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    if squeeze:
+        out = out.squeeze(0)
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
+    return out
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: self-attention when ``context`` is None, cross-attention otherwise.
+
+    Queries come from ``x`` ``(B, N, dim)``; keys and values from ``context`` ``(B, M, context_dim)`` (any
+    length ``M``), or from ``x`` itself. Without ``context_dim`` one fused ``qkv`` projection serves both
+    cases (a context must then be ``dim`` wide); with it, queries and keys/values get their own projections
+    ``q`` and ``kv`` because their input widths differ.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        dim_head: int | None = None,
+        context_dim: int | None = None,
+        qkv_bias: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError(f"heads must be positive, got {heads}")
+        if dim_head is None:
+            if dim % heads:
+                raise ValueError(f"dim {dim} is not divisible by heads {heads}; pick heads that divide it")
+            dim_head = dim // heads
+        self.heads = heads
+        self.dim_head = dim_head
+        self.dim = dim
+        self.context_dim = context_dim
+        inner = heads * dim_head
+        if context_dim is None:
+            self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
+        else:
+            self.q = nn.Linear(dim, inner, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim, 2 * inner, bias=qkv_bias)
+        self.attn_dropout = attn_dropout
+        self.proj = nn.Linear(inner, dim)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        inner = self.heads * self.dim_head
+        if self.context_dim is None and context is None:
+            qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+            return qkv[0], qkv[1], qkv[2]
+        if self.context_dim is None:  # same-width context: reuse the k/v rows of the fused projection
+            if context.shape[-1] != self.dim:
+                raise ValueError(
+                    f"context width {context.shape[-1]} != dim {self.dim}; "
+                    "build the module with context_dim to attend to a context of another width"
+                )
+            w_q, w_kv = self.qkv.weight.split([inner, 2 * inner])
+            b_q, b_kv = self.qkv.bias.split([inner, 2 * inner]) if self.qkv.bias is not None else (None, None)
+            q, kv = F.linear(x, w_q, b_q), F.linear(context, w_kv, b_kv)
+        else:
+            if context is None:
+                raise ValueError(f"this module was built for cross-attention (context_dim={self.context_dim}); pass context")
+            if context.shape[-1] != self.context_dim:
+                raise ValueError(f"context width {context.shape[-1]} != context_dim {self.context_dim}")
+            q, kv = self.q(x), self.kv(context)
+        q = rearrange(q, "b n (h d) -> b h n d", h=self.heads)
+        k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.heads)
+        return q, k, v
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` ``(B, N, dim)`` to ``context`` (or ``x``); ``mask`` broadcasts to ``(B, heads, N, M)``.
+
+        Returns ``(B, N, dim)``, or ``(output, weights)`` with weights ``(B, heads, N, M)``.
+        """
+        q, k, v = self._project(x, context)  # (B, heads, N|M, d)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        out = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
+        out, weights = out if need_weights else (out, None)
+        out = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        return (out, weights) if need_weights else out

@@ -1,0 +1,262 @@
+"""The Vision Transformer: patch tokens, a CLS token, position embeddings, pre-norm encoder blocks, a head."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from vit.attention import MultiHeadAttention
+
+# Named sizes adapted to 32x32 inputs with 4x4 patches (64 tokens + CLS).
+SIZES: dict[str, dict] = {
+    "micro": dict(dim=128, depth=6, heads=4, mlp_ratio=2.0),  # ~0.8M params: CPU budgets
+    "tiny": dict(dim=192, depth=9, heads=3, mlp_ratio=4.0),  # ~4M: DeiT-Ti width, shallower
+    "small": dict(dim=384, depth=7, heads=6, mlp_ratio=2.0),  # ~6.3M: ViT-CIFAR / ViT-Lite scale
+    "base": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),  # ViT-B/DeiT-B
+}
+
+
+def size_config(name: str) -> dict:
+    """Architecture arguments of a named size (see ``SIZES``)."""
+    if name not in SIZES:
+        raise ValueError(f"unknown size {name!r}; choose one of {sorted(SIZES)}")
+    return dict(SIZES[name])
+
+
+def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    h, w = x
+    return (int(h), int(w))
+
+
+def patchify(images: Tensor, patch_size: int) -> Tensor:
+    """``(B, C, H, W)`` images -> ``(B, N, p*p*C)`` patches, row-major over the patch grid, each ``(p1 p2 c)``."""
+    return rearrange(images, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch_size, p2=patch_size)
+
+
+def unpatchify(patches: Tensor, patch_size: int, image_size: int | tuple[int, int]) -> Tensor:
+    """The exact inverse of :func:`patchify`: ``(B, N, p*p*C)`` -> ``(B, C, H, W)``."""
+    height, width = _pair(image_size)
+    return rearrange(
+        patches, "b (h w) (p1 p2 c) -> b c (h p1) (w p2)", h=height // patch_size, p1=patch_size, p2=patch_size
+    )
+
+
+class PatchEmbed(nn.Module):
+    """Linear projection of flattened patches: ``proj(patchify(x))``."""
+
+    def __init__(self, patch_size: int, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Linear(patch_size * patch_size * in_channels, dim)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.proj(patchify(images, self.patch_size))  # (B, N, dim)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a sample's whole residual branch with probability ``p`` while training."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1.0 - self.p)
+        return x * keep / (1.0 - self.p)
+
+
+class Mlp(nn.Module):
+    """Two linear layers with GELU between: the position-wise feed-forward of a block."""
+
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = MultiHeadAttention(dim, heads, qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """``(B, N, dim) -> (B, N, dim)``; with ``need_weights`` also the attention weights ``(B, heads, N, N)``."""
+        attn = self.attn(self.norm1(x), mask=mask, need_weights=need_weights)
+        attn, weights = attn if need_weights else (attn, None)
+        x = x + self.drop_path(attn)
+        x = x + self.drop_path(self.mlp(self.norm2(x)))
+        return (x, weights) if need_weights else x
+
+
+class ViT(nn.Module):
+    """Vision Transformer classifier (Dosovitskiy et al. 2021) with a learned CLS token.
+
+    Args:
+        image_size: input height and width (an int for square images).
+        patch_size: side of the square patches; must divide both image sides.
+        in_channels: channels of the input images.
+        num_classes: size of the head; 0 makes the head an identity and ``forward`` return pooled features.
+        dim: token width.
+        depth: number of encoder blocks.
+        heads: attention heads per block; must divide ``dim``.
+        mlp_ratio: hidden width of the block MLP, as a multiple of ``dim``.
+        pool: ``"cls"`` reads the CLS token's final state, ``"mean"`` averages the patch tokens.
+        dropout: dropout after the embedding, the MLP layers and the attention projection.
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic-depth rate of the last block (linearly increasing from 0 over depth).
+        qkv_bias: bias in the query/key/value projection.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_size: int | tuple[int, int] = 32,
+        patch_size: int = 4,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        dim: int = 192,
+        depth: int = 9,
+        heads: int = 3,
+        mlp_ratio: float = 4.0,
+        pool: Literal["cls", "mean"] = "cls",
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        image_size = _pair(image_size)
+        for name, value in dict(patch_size=patch_size, in_channels=in_channels, dim=dim, depth=depth, heads=heads).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {num_classes}")
+        if any(side % patch_size for side in image_size):
+            side = next(side for side in image_size if side % patch_size)
+            raise ValueError(f"image_size {side} is not divisible by patch_size {patch_size}")
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by heads {heads}")
+        if pool not in ("cls", "mean"):
+            raise ValueError(f"unknown pool {pool!r}; use 'cls' or 'mean'")
+        for name, p in dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path).items():
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.in_channels = in_channels
+        self.num_classes = num_classes
+        self.dim = dim
+        self.pool = pool
+        self.grid_size = (image_size[0] // patch_size, image_size[1] // patch_size)
+        num_patches = self.grid_size[0] * self.grid_size[1]
+
+        self.patch_embed = PatchEmbed(patch_size, in_channels, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + num_patches, dim))
+        self.pos_drop = nn.Dropout(dropout)
+        rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(
+            Block(dim, heads, mlp_ratio, qkv_bias, dropout, attn_dropout, rate) for rate in rates
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Truncated-normal(0.02) weights and embeddings, zero biases, unit norms: the one place of init."""
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of parameters exempt from weight decay: biases, norms, the CLS token and position embeddings."""
+        return {name for name, p in self.named_parameters() if p.ndim <= 1 or name in ("cls_token", "pos_embed")}
+
+    def check_images(self, images: Tensor) -> None:
+        """Raise a ``TypeError``/``ValueError`` naming what is wrong with an input batch."""
+        if not isinstance(images, Tensor):
+            raise TypeError(f"expected a torch.Tensor of images, got {type(images).__name__}")
+        if not images.is_floating_point():
+            raise TypeError(
+                f"expected floating-point images, got {images.dtype}; convert e.g. with images.float() / 255"
+            )
+        if images.dim() != 4:
+            raise ValueError(f"expected images of shape (B, C, H, W), got shape {tuple(images.shape)}")
+        if images.shape[1] != self.in_channels:
+            raise ValueError(f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})")
+        if tuple(images.shape[-2:]) != self.image_size:
+            raise ValueError(
+                f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
+                f"{images.shape[-2]}x{images.shape[-1]}; resize them or call model.resize_pos_embed"
+            )
+
+    def forward_features(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Images ``(B, C, H, W)`` -> normalised tokens ``(B, 1 + N, dim)``; token 0 is the CLS token.
+
+        ``mask`` (boolean, True = may attend) broadcasts to ``(B, heads, 1 + N, 1 + N)``.
+        """
+        x = self._embed(images)
+        for block in self.blocks:
+            x = block(x, mask=mask)
+        return self.norm(x)
+
+    def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
+        """Pool tokens ``(B, 1 + N, dim)`` (CLS or mean of patches) and apply the head, unless ``pre_logits``."""
+        x = tokens[:, 0] if self.pool == "cls" else tokens[:, 1:].mean(dim=1)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``, or pooled features ``(B, dim)`` if ``num_classes=0``."""
+        return self.forward_head(self.forward_features(images, mask=mask))
+
+    @torch.no_grad()
+    def attention_maps(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Softmax attention weights of every block: ``(depth, B, heads, 1 + N, 1 + N)``."""
+        x = self._embed(images)
+        maps = []
+        for block in self.blocks:
+            x, weights = block(x, mask=mask, need_weights=True)
+            maps.append(weights)
+        return torch.stack(maps)
+
+    def _embed(self, images: Tensor) -> Tensor:
+        self.check_images(images)
+        x = self.patch_embed(images)  # (B, N, dim)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, 1 + N, dim)
+        return self.pos_drop(x)
