@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
@@ -9,6 +10,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vit.attention import MultiHeadAttention
+from vit.checkpoint import load_checkpoint_file, vit_weights
 
 # Named sizes adapted to 32x32 inputs with 4x4 patches (64 tokens + CLS).
 SIZES: dict[str, dict] = {
@@ -169,6 +171,12 @@ class ViT(nn.Module):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
 
+        # The constructor arguments, plain data: what checkpoints and exports store to rebuild the model.
+        self.config = dict(
+            image_size=list(image_size), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes,
+            dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio, pool=pool, dropout=dropout,
+            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias,
+        )
         self.image_size = image_size
         self.patch_size = patch_size
         self.in_channels = in_channels
@@ -202,6 +210,18 @@ class ViT(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, *, weights: str = "model") -> "ViT":
+        """The plain ``ViT`` of a training checkpoint written by ``vit.ViTClassifier``, weights loaded.
+
+        ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one. The
+        file is read with ``torch.load(weights_only=True)``: loading it cannot run code.
+        """
+        config, state = vit_weights(load_checkpoint_file(path), path, weights)
+        model = cls(**config)
+        model.load_state_dict(state)
+        return model
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters exempt from weight decay: biases, norms, the CLS token and position embeddings."""

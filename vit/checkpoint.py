@@ -1,0 +1,51 @@
+"""Reading training checkpoints safely: tensors and plain data only, never arbitrary pickled objects."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+# The key under which a training checkpoint stores the ViT constructor arguments, and the state-dict prefixes
+# of the trained weights and of their exponential moving average.
+CONFIG_KEY = "vit_config"
+PREFIXES = {"model": "model.", "ema": "ema_model."}
+
+
+def load_checkpoint_file(path: str | os.PathLike) -> dict:
+    """Load a checkpoint with ``torch.load(weights_only=True)``; errors name the file and what is wrong.
+
+    ``weights_only`` restricts unpickling to tensors and primitive containers, so a file crafted to run code
+    when unpickled is refused instead of executed.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"refused to load {str(path)!r}: it contains objects other than tensors and plain data, which could "
+            f"run code when unpickled ({str(err).splitlines()[0]})"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint ({err})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"{str(path)!r} is not a vit training checkpoint: it has no 'state_dict'")
+    return ckpt
+
+
+def vit_weights(ckpt: dict, path: str | os.PathLike, weights: str = "model") -> tuple[dict, dict]:
+    """The ViT constructor arguments and state dict of a training checkpoint (``weights``: "model" or "ema")."""
+    if weights not in PREFIXES:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {sorted(PREFIXES)}")
+    if CONFIG_KEY not in ckpt:
+        raise ValueError(f"{str(path)!r} has no {CONFIG_KEY!r}: it was not written by vit.ViTClassifier")
+    prefix = PREFIXES[weights]
+    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    if not state:
+        raise ValueError(f"{str(path)!r} holds no {weights!r} weights (no keys starting with {prefix!r})")
+    return dict(ckpt[CONFIG_KEY]), state
