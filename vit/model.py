@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -134,6 +136,7 @@ class ViT(nn.Module):
         attn_dropout: dropout on the attention weights.
         drop_path: stochastic-depth rate of the last block (linearly increasing from 0 over depth).
         qkv_bias: bias in the query/key/value projection.
+        norm_eps: epsilon of every LayerNorm (timm's ViTs use 1e-6).
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class ViT(nn.Module):
         attn_dropout: float = 0.0,
         drop_path: float = 0.0,
         qkv_bias: bool = True,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         image_size = _pair(image_size)
@@ -175,7 +179,7 @@ class ViT(nn.Module):
         self.config = dict(
             image_size=list(image_size), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes,
             dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio, pool=pool, dropout=dropout,
-            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias,
+            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -196,6 +200,9 @@ class ViT(nn.Module):
         )
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        for m in self.modules():  # one eps for all norms, set here so Block needs no argument for it
+            if isinstance(m, nn.LayerNorm):
+                m.eps = norm_eps
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -212,16 +219,45 @@ class ViT(nn.Module):
                 nn.init.zeros_(m.bias)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, *, weights: str = "model") -> "ViT":
+    def from_checkpoint(
+        cls, path: str | os.PathLike, *, weights: str = "model", image_size: int | tuple[int, int] | None = None
+    ) -> "ViT":
         """The plain ``ViT`` of a training checkpoint written by ``vit.ViTClassifier``, weights loaded.
 
-        ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one. The
-        file is read with ``torch.load(weights_only=True)``: loading it cannot run code.
+        ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one.
+        ``image_size`` adapts the model to another input size (see :meth:`resize_pos_embed`). The file is read
+        with ``torch.load(weights_only=True)``: loading it cannot run code.
         """
         config, state = vit_weights(load_checkpoint_file(path), path, weights)
         model = cls(**config)
         model.load_state_dict(state)
+        if image_size is not None:
+            model.resize_pos_embed(image_size)
         return model
+
+    @classmethod
+    def from_timm(cls, model_or_state_dict: nn.Module | dict[str, Tensor], **kwargs) -> "ViT":
+        """A ``ViT`` with the weights of a timm ``VisionTransformer`` (or its state dict), same logits.
+
+        Keyword arguments go to :func:`vit.timm_interop.vit_from_timm` (``heads`` is required for a state dict).
+        Architectures this class cannot express exactly raise a ``ValueError`` naming the feature.
+        """
+        from vit.timm_interop import vit_from_timm  # timm stays an optional extra
+
+        return vit_from_timm(model_or_state_dict, **kwargs)
+
+    @classmethod
+    def from_safetensors(cls, path: str | os.PathLike) -> "ViT":
+        """Load a model written by :meth:`save_safetensors`: config and weights, no pickle involved."""
+        from vit.export import load_safetensors
+
+        return load_safetensors(path)
+
+    def save_safetensors(self, path: str | os.PathLike) -> None:
+        """Write the weights as safetensors with ``config`` in its metadata, and ``config`` as JSON beside it."""
+        from vit.export import save_safetensors
+
+        save_safetensors(self, path)
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters exempt from weight decay: biases, norms, the CLS token and position embeddings."""
@@ -264,6 +300,56 @@ class ViT(nn.Module):
         """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``, or pooled features ``(B, dim)`` if ``num_classes=0``."""
         return self.forward_head(self.forward_features(images, mask=mask))
 
+    def forward_intermediates(
+        self, images: Tensor, layers: int | list[int] = 4, *, norm: bool = False, mask: Tensor | None = None
+    ) -> list[Tensor]:
+        """Token states ``(B, 1 + N, dim)`` after chosen blocks: the last ``layers`` ones, or those indices.
+
+        Indices count from 0 and may be negative (``-1`` is the last block). ``norm`` applies the final norm to
+        each, as ``forward_features`` does to the last. Blocks after the deepest chosen one are not run.
+        """
+        depth = len(self.blocks)
+        if isinstance(layers, int):
+            if not 1 <= layers <= depth:
+                raise ValueError(f"layers={layers}: the model has {depth} blocks, ask for 1 to {depth}")
+            indices = list(range(depth - layers, depth))
+        else:
+            bad = [i for i in layers if not -depth <= i < depth]
+            if bad:
+                raise ValueError(f"block indices {bad} out of range for a model with {depth} blocks")
+            indices = [i % depth for i in layers]
+        x = self._embed(images)
+        states = {}
+        for i, block in enumerate(self.blocks[: max(indices) + 1]):
+            x = block(x, mask=mask)
+            states[i] = self.norm(x) if norm else x
+        return [states[i] for i in indices]
+
+    def resize_pos_embed(self, image_size: int | tuple[int, int]) -> None:
+        """Adapt the model, in place, to inputs of ``image_size``: the patch-grid position embeddings are
+        resampled bicubically (the CLS position is kept); ``image_size``, ``grid_size`` and ``config`` follow.
+
+        ``pos_embed`` becomes a new Parameter: build optimizers after calling this.
+        """
+        image_size = _pair(image_size)
+        if any(side % self.patch_size for side in image_size):
+            raise ValueError(f"image_size {image_size} is not divisible by patch_size {self.patch_size}")
+        grid_size = (image_size[0] // self.patch_size, image_size[1] // self.patch_size)
+        self.pos_embed = nn.Parameter(resample_pos_embed(self.pos_embed.detach(), self.grid_size, grid_size))
+        self.image_size, self.grid_size = image_size, grid_size
+        self.config["image_size"] = list(image_size)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        # Weights trained at another image size load by resampling their position embeddings; the old grid
+        # is taken to be square, as only the number of positions is known.
+        key = prefix + "pos_embed"
+        pos_embed = state_dict.get(key)
+        if pos_embed is not None and pos_embed.ndim == 3 and pos_embed.shape != self.pos_embed.shape:
+            side = math.isqrt(pos_embed.shape[1] - 1)
+            if side * side == pos_embed.shape[1] - 1 and pos_embed.shape[2] == self.dim:
+                state_dict[key] = resample_pos_embed(pos_embed, (side, side), self.grid_size)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @torch.no_grad()
     def attention_maps(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
         """Softmax attention weights of every block: ``(depth, B, heads, 1 + N, 1 + N)``."""
@@ -280,3 +366,20 @@ class ViT(nn.Module):
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, 1 + N, dim)
         return self.pos_drop(x)
+
+
+def resample_pos_embed(pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> Tensor:
+    """``(1, 1 + h*w, dim)`` position embeddings of an ``old_grid`` -> those of ``new_grid`` (bicubic).
+
+    The CLS position is kept as is; antialiasing applies when the grid shrinks.
+    """
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    if pos_embed.shape[1] != 1 + old_grid[0] * old_grid[1]:
+        raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} does not hold 1 + {old_grid} positions")
+    if old_grid == new_grid:
+        return pos_embed
+    cls_pos, grid = pos_embed[:, :1], pos_embed[:, 1:]
+    grid = rearrange(grid, "1 (h w) d -> 1 d h w", h=old_grid[0])
+    downsampling = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
+    grid = F.interpolate(grid, size=new_grid, mode="bicubic", align_corners=False, antialias=downsampling)
+    return torch.cat([cls_pos, rearrange(grid, "1 d h w -> 1 (h w) d")], dim=1)
