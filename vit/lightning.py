@@ -1,0 +1,196 @@
+"""The training wrapper: loss, metrics, optimisation and weight averaging around a plain ``vit.ViT``."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.augment import mix
+from vit.checkpoint import CONFIG_KEY
+from vit.model import ViT, size_config
+
+
+class ViTClassifier(L.LightningModule):
+    """Trains a :class:`vit.ViT` classifier; the constructor arguments are the ``model:`` section of a config.
+
+    Architecture: ``size`` names a row of ``vit.SIZES``; ``dim``, ``depth``, ``heads`` and ``mlp_ratio``
+    override it when given. The remaining architecture arguments are those of :class:`vit.ViT`.
+
+    Optimisation: AdamW (weight decay on weight matrices only), a linear warmup over the first
+    ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio * lr``.
+
+    Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
+    ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``.
+
+    Evaluation: ``ema_decay`` > 0 keeps an exponential moving average of the weights (``ema_model``);
+    ``eval_ema`` makes validation and test evaluate it instead of the raw weights; ``tta_flip`` averages the
+    predictions of each image and its mirror image.
+    """
+
+    def __init__(
+        self,
+        size: str = "tiny",
+        image_size: int | tuple[int, int] = 32,
+        patch_size: int = 4,
+        num_classes: int = 10,
+        dim: int | None = None,
+        depth: int | None = None,
+        heads: int | None = None,
+        mlp_ratio: float | None = None,
+        pool: Literal["cls", "mean"] = "cls",
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.1,
+        qkv_bias: bool = True,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_fraction: float = 0.05,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.1,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mix_prob: float = 1.0,
+        ema_decay: float = 0.0,
+        eval_ema: bool = False,
+        tta_flip: bool = False,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1 for classification training, got {num_classes}")
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if not 0 <= ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1) (0 disables the average), got {ema_decay}")
+        if eval_ema and ema_decay == 0:
+            raise ValueError("eval_ema needs a weight average: set ema_decay > 0 (e.g. 0.999)")
+        self.save_hyperparameters()
+        arch = size_config(size)
+        arch.update({k: v for k, v in dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio).items() if v is not None})
+        self.model = ViT(
+            image_size=image_size, patch_size=patch_size, num_classes=num_classes, pool=pool, dropout=dropout,
+            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias, **arch,
+        )
+        # The average is a frozen copy updated after each optimizer step; it is never trained.
+        self.ema_model = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
+        metrics = MetricCollection(
+            {
+                "acc": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
+                "acc_top5": MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro"),
+            }
+        )
+        self.train_metrics = metrics.clone(prefix="train/")
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+        if compile:
+            self.model.compile()
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    @property
+    def eval_model(self) -> ViT:
+        """The network that validation and test evaluate: the weight average when ``eval_ema``."""
+        return self.ema_model if self.hparams.eval_ema else self.model
+
+    # ---- steps --------------------------------------------------------------------------------------------
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        hp = self.hparams
+        targets: Tensor = labels
+        if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
+            images, targets = mix(images, labels, hp.num_classes, mixup_alpha=hp.mixup_alpha,
+                                  cutmix_alpha=hp.cutmix_alpha, prob=hp.mix_prob)
+        logits = self.model(images)
+        # cross_entropy takes class indices or, after mixing, class probabilities
+        loss = F.cross_entropy(logits, targets, label_smoothing=hp.label_smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"non-finite training loss ({loss.item()}) at step {self.global_step} (epoch {self.current_epoch}); "
+                "lower the learning rate or check the data. The last checkpoint written before this step is intact."
+            )
+        self.train_metrics.update(logits.detach(), labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+        images, labels = batch
+        logits = self.eval_model(images)
+        if self.hparams.tta_flip:
+            logits = (logits.softmax(-1) + self.eval_model(images.flip(-1)).softmax(-1)).div(2).log()
+        loss = F.cross_entropy(logits, labels)
+        metrics = self.val_metrics if stage == "val" else self.test_metrics
+        metrics.update(logits, labels)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+        self.log_dict(metrics, prog_bar=stage == "val")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    # ---- weight average -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.ema_model is None:
+            return
+        # timm-style warmup of the decay: early on the average follows the fast-moving weights closely
+        step = self.global_step
+        decay = min(self.hparams.ema_decay, (1 + step) / (10 + step))
+        ema = list(self.ema_model.parameters())
+        torch._foreach_lerp_(ema, [p.detach() for p in self.model.parameters()], 1.0 - decay)
+
+    # ---- optimisation -------------------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        exempt = self.model.no_weight_decay()
+        params = dict(self.model.named_parameters())
+        groups = [
+            {"params": [p for n, p in params.items() if n not in exempt], "weight_decay": hp.weight_decay, "name": "decay"},
+            {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warmup = int(hp.warmup_fraction * total)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ---- run folder and checkpoints -----------------------------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        rank_zero_info(f"run folder: {self.trainer.log_dir}")
+
+    def on_fit_end(self) -> None:
+        rank_zero_info(f"run folder: {self.trainer.log_dir} (checkpoints/best.ckpt, checkpoints/last.ckpt)")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # plain data, so that vit.ViT.from_checkpoint can rebuild the network without Lightning
+        checkpoint[CONFIG_KEY] = self.model.config
