@@ -6,6 +6,7 @@ The network (``ViT``, ``MultiHeadAttention``, ``attend``, ``patchify``) is plain
 
 from vit.attention import MultiHeadAttention, attend
 from vit.model import SIZES, Block, ViT, patchify, size_config, unpatchify
+from vit.rollout import attention_rollout
 
 __all__ = [
     "SIZES",
@@ -15,6 +16,7 @@ __all__ = [
     "ViT",
     "ViTClassifier",
     "attend",
+    "attention_rollout",
     "patchify",
     "size_config",
     "unpatchify",

@@ -1,0 +1,62 @@
+"""Export: safetensors with the config (no pickle), and ONNX that matches PyTorch."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import vit
+from vit import export
+
+
+def small_vit(**kwargs):
+    args = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=32, depth=2, heads=2, norm_eps=1e-6, pool="mean")
+    args.update(kwargs)
+    return vit.ViT(**args).eval()
+
+
+def test_safetensors_round_trip(tmp_path):
+    model = small_vit()
+    path = tmp_path / "vit.safetensors"
+    model.save_safetensors(path)
+    loaded = vit.ViT.from_safetensors(path).eval()
+    assert loaded.config == model.config
+    assert json.loads((tmp_path / "vit.json").read_text()) == model.config
+    images = torch.randn(2, 3, 16, 24)
+    assert torch.equal(loaded(images), model(images))
+    assert set(load_file(path)) == set(model.state_dict())  # plain tensors, readable by any safetensors reader
+
+
+def test_safetensors_without_config_is_refused(tmp_path):
+    path = tmp_path / "other.safetensors"
+    save_file({"w": torch.zeros(2)}, path)
+    with pytest.raises(ValueError, match="not written by ViT.save_safetensors"):
+        vit.ViT.from_safetensors(path)
+
+
+def test_onnx_matches_pytorch(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model = small_vit()
+    path = tmp_path / "vit.onnx"
+    export.export_onnx(model, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    images = torch.randn(3, 3, 16, 24)  # another batch size than the export's
+    (logits,) = session.run(None, {"images": images.numpy()})
+    assert logits.shape == (3, 5)
+    assert abs(logits - model(images).detach().numpy()).max() <= 1e-4
+
+
+def test_export_command(tmp_path):
+    pytest.importorskip("onnx")
+    model = small_vit(num_classes=10)
+    ckpt = tmp_path / "run.ckpt"
+    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    torch.save({"state_dict": state, "vit_config": model.config}, ckpt)
+    onnx_path, st_path = tmp_path / "out.onnx", tmp_path / "out.safetensors"
+    export.main(["--ckpt_path", str(ckpt), "--onnx", str(onnx_path), "--safetensors", str(st_path)])
+    import onnx
+
+    onnx.checker.check_model(str(onnx_path))
+    images = torch.randn(1, 3, 16, 24)
+    torch.testing.assert_close(vit.ViT.from_safetensors(st_path).eval()(images), model(images))

@@ -1,0 +1,77 @@
+"""vit-predict: image files in, top-k classes out."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit import predict
+
+
+def save_checkpoint(path, num_classes=10):
+    model = vit.ViT(image_size=16, patch_size=4, num_classes=num_classes, dim=32, depth=1, heads=2)
+    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
+    torch.save({"state_dict": state, "vit_config": model.config}, path)
+    return model.eval()
+
+
+def random_image(path, size):
+    Image.fromarray(np.random.randint(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "nested").mkdir(parents=True)
+    random_image(folder / "big.jpg", (300, 200))
+    random_image(folder / "nested" / "small.PNG", (8, 8))
+    (folder / "notes.txt").write_text("not an image, and not picked up from a folder")
+    broken = tmp_path / "broken.png"
+    broken.write_text("not an image either")
+    return folder, broken
+
+
+def test_predicts_every_image_and_reports_the_bad_file(tmp_path, inputs, capsys):
+    folder, broken = inputs
+    model = save_checkpoint(tmp_path / "run.ckpt")
+    out = tmp_path / "out.json"
+    code = predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(broken), str(folder), "--top-k", "3", "--output", str(out)])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert f"{broken}: error" in captured.err
+    results = json.loads(out.read_text())
+    assert [r["file"] for r in results] == [str(broken), str(folder / "big.jpg"), str(folder / "nested" / "small.PNG")]
+    assert "error" in results[0]
+    for result in results[1:]:
+        probs = [p["probability"] for p in result["predictions"]]
+        assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+        assert all(p["label"] in vit.data.CIFAR10_CLASSES for p in result["predictions"])
+        assert f"{result['file']}: {result['predictions'][0]['label']}" in captured.out
+
+    # the same numbers as the model on the resized, normalised image
+    image = predict.load_image(folder / "big.jpg", (16, 16))
+    expected = model(vit.data.normalize(image[None])).softmax(-1)[0]
+    top = results[1]["predictions"][0]
+    assert top["probability"] == pytest.approx(expected.max().item(), abs=1e-6)
+    assert top["index"] == expected.argmax().item()
+
+
+def test_csv_output_and_class_indices(tmp_path, inputs):
+    folder, _ = inputs
+    save_checkpoint(tmp_path / "run.ckpt", num_classes=4)
+    out = tmp_path / "out.csv"
+    assert predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(folder), "--output", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 * 4  # top-k is capped at the number of classes
+    assert {row["label"] for row in rows} == {"0", "1", "2", "3"}
+
+
+def test_exit_code_is_nonzero_only_when_every_file_fails(tmp_path, inputs):
+    _, broken = inputs
+    save_checkpoint(tmp_path / "run.ckpt")
+    assert predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(broken), str(tmp_path / "missing.png")]) == 1

@@ -1,0 +1,104 @@
+"""Export a ViT: safetensors weights with their config (loadable without pickle), and ONNX.
+
+    python -m vit.export --ckpt_path run.ckpt --safetensors vit.safetensors --onnx vit.onnx
+
+The ONNX graph takes normalised images ``(batch, C, H, W)`` at the model's image size (any batch size) and
+returns logits (or pooled features for a model without head). ONNX needs ``pip install 'vit[export]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vit.model import ViT
+
+# Metadata key of the safetensors header holding ``ViT.config`` as JSON.
+CONFIG_KEY = "vit_config"
+
+
+def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
+    """Write ``model``'s weights to ``path`` with its config in the header, and the config as ``<stem>.json``.
+
+    The JSON beside the weights is for people and tools that do not read safetensors headers; loading reads
+    the header, so the ``.safetensors`` file alone is enough.
+    """
+    path = Path(path)
+    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    save_file(state, path, metadata={CONFIG_KEY: json.dumps(model.config)})
+    path.with_suffix(".json").write_text(json.dumps(model.config, indent=2) + "\n")
+
+
+def load_safetensors(path: str | os.PathLike) -> ViT:
+    """The ``ViT`` saved by :func:`save_safetensors` at ``path``: config from the header, then the weights."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata() or {}
+        state = {name: f.get_tensor(name) for name in f.keys()}
+    if CONFIG_KEY not in metadata:
+        raise ValueError(
+            f"{str(path)!r} has no {CONFIG_KEY!r} in its metadata: it was not written by ViT.save_safetensors. "
+            "Build the ViT yourself and call model.load_state_dict(safetensors.torch.load_file(path))"
+        )
+    model = ViT(**json.loads(metadata[CONFIG_KEY]))
+    model.load_state_dict(state)
+    return model
+
+
+def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None:
+    """Write ``model`` as an ONNX graph for images at ``model.image_size`` with a dynamic batch dimension.
+
+    Uses PyTorch's TorchScript-based exporter (``dynamo=False``), which needs no extra packages; attention
+    exports as the ONNX ops of ``scaled_dot_product_attention`` and einops as Reshape/Transpose.
+    """
+    was_training = model.training
+    model.eval()
+    images = torch.zeros(1, model.in_channels, *model.image_size)
+    output = "logits" if model.num_classes else "features"
+    with warnings.catch_warnings():
+        # The input checks turn into constants: right, the graph is for one image size.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # This exporter is deprecated in favour of dynamo=True, which needs onnxscript; it still works and is exact.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        torch.onnx.export(
+            model, (images,), str(path), dynamo=False, opset_version=opset,
+            input_names=["images"], output_names=[output],
+            dynamic_axes={"images": {0: "batch"}, output: {0: "batch"}},
+        )
+    model.train(was_training)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vit.export", description=__doc__.split("\n")[0])
+    parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors")
+    parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
+    parser.add_argument("--image-size", type=int, nargs="+", help="resize the model to H [W] before exporting")
+    parser.add_argument("--safetensors", help="write weights and config here (and <stem>.json beside it)")
+    parser.add_argument("--onnx", help="write the ONNX graph here")
+    parser.add_argument("--opset", type=int, default=17)
+    args = parser.parse_args(argv)
+    if not (args.safetensors or args.onnx):
+        parser.error("nothing to do: pass --safetensors and/or --onnx")
+
+    from vit.predict import load_model
+
+    model = load_model(args.ckpt_path, weights=args.weights, image_size=args.image_size)
+    if args.safetensors:
+        save_safetensors(model, args.safetensors)
+        print(f"wrote {args.safetensors}")
+    if args.onnx:
+        export_onnx(model, args.onnx, opset=args.opset)
+        print(f"wrote {args.onnx}")
+
+
+if __name__ == "__main__":
+    main()
