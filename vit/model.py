@@ -17,9 +17,9 @@ from vit.checkpoint import load_checkpoint_file, vit_weights
 # Named sizes adapted to 32x32 inputs with 4x4 patches (64 tokens + CLS).
 SIZES: dict[str, dict] = {
     "micro": dict(dim=128, depth=6, heads=4, mlp_ratio=2.0),  # ~0.8M params: CPU budgets
-    "tiny": dict(dim=192, depth=9, heads=3, mlp_ratio=4.0),  # ~4M: DeiT-Ti width, shallower
-    "small": dict(dim=384, depth=7, heads=6, mlp_ratio=2.0),  # ~6.3M: ViT-CIFAR / ViT-Lite scale
-    "base": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),  # ViT-B/DeiT-B
+    "tiny": dict(dim=192, depth=9, heads=3, mlp_ratio=4.0),  # ~4.0M: DeiT-Ti width, shallower
+    "small": dict(dim=384, depth=7, heads=12, mlp_ratio=1.0),  # ~6.3M: the ViT-CIFAR shape
+    "base": dict(dim=768, depth=12, heads=12, mlp_ratio=4.0),  # ~85M: ViT-B/DeiT-B
 }
 
 
