@@ -1,5 +1,8 @@
 """The backbone in other people's code: timm weights, other image sizes, intermediate features."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -30,7 +33,8 @@ def timm_vit(**kwargs):
     "kwargs",
     [
         dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=3, num_classes=10),
-        dict(img_size=(16, 24), patch_size=8, embed_dim=32, depth=3, num_heads=4, num_classes=0, qkv_bias=False, mlp_ratio=2.5),
+        dict(img_size=(16, 24), patch_size=8, embed_dim=32, depth=3, num_heads=4, num_classes=0, qkv_bias=False,
+             mlp_ratio=2.5),
         dict(in_chans=1, depth=1, num_classes=7, global_pool="avg", fc_norm=False),
     ],
 )
@@ -44,7 +48,8 @@ def test_from_timm_gives_the_same_logits(kwargs):
 
     pool = "mean" if kwargs.get("global_pool") == "avg" else None
     state = reference.state_dict()
-    from_state = vit.ViT.from_timm(state, heads=reference.blocks[0].attn.num_heads, image_size=(height, width), pool=pool)
+    heads = reference.blocks[0].attn.num_heads
+    from_state = vit.ViT.from_timm(state, heads=heads, image_size=(height, width), pool=pool)
     torch.testing.assert_close(from_state.eval()(images), expected, rtol=0, atol=1e-5)
     assert from_state.config == model.config
 
@@ -81,6 +86,11 @@ def test_from_timm_state_dict_infers_square_size_and_needs_heads():
 def test_from_timm_refuses_other_architectures(kwargs, feature):
     with pytest.raises(ValueError, match=feature):
         vit.ViT.from_timm(timm_vit(**kwargs))
+
+
+def test_import_vit_does_not_import_timm():
+    code = "import sys, vit; assert 'timm' not in sys.modules and 'onnx' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---- any image size -------------------------------------------------------------------------------------------

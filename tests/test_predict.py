@@ -40,7 +40,8 @@ def test_predicts_every_image_and_reports_the_bad_file(tmp_path, inputs, capsys)
     folder, broken = inputs
     model = save_checkpoint(tmp_path / "run.ckpt")
     out = tmp_path / "out.json"
-    code = predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(broken), str(folder), "--top-k", "3", "--output", str(out)])
+    args = ["--ckpt_path", str(tmp_path / "run.ckpt"), str(broken), str(folder), "--top-k", "3", "--output", str(out)]
+    code = predict.main(args)
     assert code == 0
     captured = capsys.readouterr()
     assert f"{broken}: error" in captured.err

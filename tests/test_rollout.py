@@ -80,5 +80,6 @@ def test_attention_maps_png_from_cifar(checkpoint, tmp_path, monkeypatch):
 
     monkeypatch.setattr(attention_maps, "read_cifar10", fake_cifar)
     out = tmp_path / "attn.png"
-    attention_maps.main(["--ckpt_path", str(checkpoint), "--out", str(out), "--num-images", "3", "--data-dir", "somewhere"])
+    args = ["--ckpt_path", str(checkpoint), "--out", str(out), "--num-images", "3", "--data-dir", "somewhere"]
+    attention_maps.main(args)
     assert decode(out).size[0] > 3 * 2 * 128

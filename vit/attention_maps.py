@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
     parser.add_argument("--out", default="attn.png", help="PNG to write")
     parser.add_argument("--num-images", type=int, default=8, help="CIFAR-10 test images to show")
-    parser.add_argument("--data-dir", default=None, help=f"CIFAR-10 folder (default: $VIT_DATA_DIR or {default_data_dir()!r})")
+    parser.add_argument("--data-dir", help=f"CIFAR-10 folder (default: $VIT_DATA_DIR or {default_data_dir()!r})")
     args = parser.parse_args(argv)
     if args.files and args.data_dir:
         parser.error("pass image files or --data-dir, not both")

@@ -133,7 +133,9 @@ def _config_from_shapes(state: dict[str, Tensor], *, heads: int, image_size: int
         raise ValueError(f"unsupported timm ViT feature: non-square patches {patch_h}x{patch_w}")
     qkv_rows = state["blocks.0.attn.qkv.weight"].shape[0]
     if qkv_rows != 3 * dim:
-        raise ValueError(f"unsupported timm ViT feature: attention width {qkv_rows // 3} != embed_dim {dim} (attn_head_dim)")
+        raise ValueError(
+            f"unsupported timm ViT feature: attention width {qkv_rows // 3} != embed_dim {dim} (attn_head_dim)"
+        )
     hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
     mlp_ratio = hidden / dim
     if int(dim * mlp_ratio) != hidden:
@@ -150,9 +152,13 @@ def _config_from_shapes(state: dict[str, Tensor], *, heads: int, image_size: int
         image_size = side * patch_h
     grid = [side // patch_h for side in _pair(image_size)]
     if positions == grid[0] * grid[1]:
-        raise ValueError("unsupported timm ViT feature: no position embedding for the class token (no_embed_class=True)")
+        raise ValueError(
+            "unsupported timm ViT feature: no position embedding for the class token (no_embed_class=True)"
+        )
     if positions != 1 + grid[0] * grid[1]:
-        raise ValueError(f"pos_embed holds {positions} positions, but image_size {image_size} needs 1 + {grid[0]}x{grid[1]}")
+        raise ValueError(
+            f"pos_embed holds {positions} positions, but image_size {image_size} needs 1 + {grid[0]}x{grid[1]}"
+        )
 
     depth = sum(1 for name in state if name.startswith("blocks.") and name.endswith(".norm1.weight"))
     return dict(
@@ -175,10 +181,15 @@ def _check_timm_model(model: nn.Module) -> tuple[int, tuple[int, int], str, floa
         refuse(f"model class {type(model).__name__} (only timm.models.vision_transformer.VisionTransformer)")
     if model.global_pool == "token":
         pool = "cls"
-    elif model.global_pool == "avg" and isinstance(model.fc_norm, nn.Identity) and not model.pool_include_prefix:
+    elif (
+        model.global_pool == "avg"
+        and isinstance(model.fc_norm, nn.Identity)
+        and not getattr(model, "pool_include_prefix", False)
+    ):
         pool = "mean"  # final norm, then the mean of the patch tokens: exactly our pool="mean"
     else:
-        refuse(f"global_pool={model.global_pool!r} (with fc_norm/pool_include_prefix); supported: 'token', 'avg' with fc_norm=False")
+        refuse(f"global_pool={model.global_pool!r} with these fc_norm/pool_include_prefix; "
+               "supported: 'token', or 'avg' with fc_norm=False")
     if model.dynamic_img_size or model.patch_embed.dynamic_img_pad:
         refuse("dynamic image size (dynamic_img_size/dynamic_img_pad); convert, then call ViT.resize_pos_embed")
     if model.no_embed_class:
