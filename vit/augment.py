@@ -108,16 +108,20 @@ def _inverse_affine(angle: Tensor, translate: Tensor, shear: Tensor, center: Ten
 def _affine(images: Tensor, op: Tensor, magnitude: Tensor) -> Tensor:
     """ShearX/Y, TranslateX/Y and Rotate, each image by its own op: one affine grid and one gather."""
     n, _, h, w = images.shape
-    zero = torch.zeros_like(magnitude)
-    # torchvision shears by atan(m) in degrees, about the top-left corner (its center=[0, 0]).
+
+    def where_op(k: int, value: Tensor) -> Tensor:
+        return torch.where(op == k, value, 0.0)
+
+    # The arguments of torchvision's F.affine / F.rotate calls: shears by atan(m) in degrees about the top-left
+    # corner (its center=[0, 0]), translations by int(m) pixels, and F.rotate takes the angle mod 360 and hands the
+    # affine matrix its negative.
     shear = torch.atan(magnitude).rad2deg()
-    shear = torch.stack([torch.where(op == SHEAR_X, shear, zero), torch.where(op == SHEAR_Y, shear, zero)], dim=1)
-    is_shear = ((op == SHEAR_X) | (op == SHEAR_Y)).double().unsqueeze(1)  # (N, 1)
-    center = is_shear * torch.tensor([-0.5 * w, -0.5 * h], dtype=torch.float64, device=images.device)
-    shift = magnitude.trunc()  # int(magnitude) pixels
-    translate = torch.stack([torch.where(op == TRANSLATE_X, shift, zero), torch.where(op == TRANSLATE_Y, shift, zero)], 1)
-    # F.rotate turns counter-clockwise: it takes the angle mod 360 and hands the affine matrix its negative.
-    angle = torch.where(op == ROTATE, -(magnitude % 360), zero)
+    shear = torch.stack([where_op(SHEAR_X, shear), where_op(SHEAR_Y, shear)], dim=1)  # (N, 2)
+    corner = torch.tensor([-0.5 * w, -0.5 * h], dtype=torch.float64, device=images.device)
+    center = ((op == SHEAR_X) | (op == SHEAR_Y)).unsqueeze(1) * corner  # (N, 2)
+    shift = magnitude.trunc()
+    translate = torch.stack([where_op(TRANSLATE_X, shift), where_op(TRANSLATE_Y, shift)], dim=1)  # (N, 2)
+    angle = where_op(ROTATE, -(magnitude % 360))
     theta = _inverse_affine(angle, translate, shear, center).float()  # (N, 2, 3)
 
     # torchvision's _affine_grid: pixel-centre coordinates about the image centre, mapped, then normalised to [-1, 1]
