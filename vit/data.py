@@ -176,7 +176,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     """CIFAR-10 from local files (or torchvision's download), kept in memory as uint8 tensors.
 
     Training batches are augmented on the device they are moved to (random crop with padding, horizontal
-    flip, an optional TrivialAugment/RandAugment policy), then every batch is normalised with the CIFAR-10
+    flip, an optional TrivialAugment/RandAugment policy, optional random erasing), then every batch is normalised with the CIFAR-10
     mean and standard deviation. The validation split is the last ``val_size`` training images.
 
     Args:
@@ -192,6 +192,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         policy: extra augmentation policy applied after crop and flip.
         num_ops: RandAugment operations per image.
         magnitude: RandAugment magnitude (0-30).
+        erasing: probability of zeroing a random rectangle of each training image.
         num_workers: loader processes; the data is already in memory, so 0 is usually fastest.
     """
 
@@ -208,6 +209,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         policy: Literal["none", "trivial", "randaugment"] = "none",
         num_ops: int = 2,
         magnitude: int = 9,
+        erasing: float = 0.0,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
@@ -223,7 +225,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.val_size = val_size
         self.augment = BatchAugment(crop_padding=crop_padding, flip=flip, policy=policy, num_ops=num_ops,
-                                    magnitude=magnitude)
+                                    magnitude=magnitude, erasing=erasing)
         self.num_workers = num_workers
         self.splits: dict[str, _InMemory] = {}
 
