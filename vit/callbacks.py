@@ -1,16 +1,25 @@
-"""Training callbacks that belong to no model: the rolling ``last.ckpt``."""
+"""Training callbacks and plugins that belong to no model: the rolling ``last.ckpt``, written atomically."""
 
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, to resume from after a stop or a crash.
 
     Written at the end of every validation (every epoch), at the end of training, and, with
-    ``every_n_train_steps`` > 0, every that many optimizer steps, so a long epoch is not lost. Lightning writes
-    checkpoints to a temporary file and moves it into place, so a kill mid-write leaves the previous file intact.
+    ``every_n_train_steps`` > 0, every that many optimizer steps, so a long epoch is not lost. With
+    :class:`AtomicCheckpointIO` (the command line's default) a crash mid-write leaves the previous file intact.
     (Lightning's own ``save_last`` only refreshes ``last.ckpt`` when a best checkpoint was also written.)
     """
 
@@ -32,3 +41,30 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save_now(trainer)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, made atomic for local files.
+
+    The checkpoint goes to a temporary file beside its destination, is flushed to disk and renamed over it: a
+    rename within a folder is atomic, so a kill, a crash or a full disk mid-write leaves the previous checkpoint
+    whole. Lightning's default stages the file in the system temp folder instead; when that is another file
+    system (a tmpfs ``/tmp``, a local disk beside network storage) the final move is a copy over the old file,
+    and a crash during that copy leaves neither. Remote storage keeps Lightning's writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(tmp, "xb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())  # the data is on disk before the rename makes it the checkpoint
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -31,8 +30,8 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict:
             f"refused to load {str(path)!r}: it contains objects other than tensors and plain data, which could "
             f"run code when unpickled ({str(err).splitlines()[0]})"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint ({err})") from None
+    except Exception as err:  # noqa: BLE001 - a foreign or truncated file fails in many ways inside the (legacy) unpickler
+        raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{str(path)!r} is not a vit training checkpoint: it has no 'state_dict'")
     return ckpt

@@ -2,16 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import os
+import re
+import shutil
 import sys
+import traceback
 from pathlib import Path
 
+import lightning.pytorch.loops
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vit.callbacks import LastCheckpoint
-from vit.checkpoint import load_checkpoint_file
+from vit.checkpoint import CONFIG_KEY, load_checkpoint_file
 from vit.data import CIFAR10DataModule
 from vit.lightning import ViTClassifier
+
+
+class ArgumentParser(LightningArgumentParser):
+    """Argument errors as one line that names the closest known option, instead of a 100-line usage message."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        message += _did_you_mean(message, self)
+        if not self.exit_on_error:
+            return super().error(message, ex)  # raises ArgumentError, as configured
+        prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
+        print(f"error: {message}\n(options: {prog} --help)", file=sys.stderr)
+        self.exit(2)
+
+
+def _did_you_mean(message: str, parser: ArgumentParser) -> str:
+    """" (did you mean --model.lr?)" for the unknown options of a jsonargparse error message, or "".
+
+    The messages name options as "unrecognized arguments: --model.lrr 0.1" (command line), "... does not accept
+    option 'model.lrr'" (config file) or "Group 'model' does not accept option 'lrr'".
+    """
+    unknown = re.findall(r"(?:^|\s)--([\w.-]+)", message.partition("unrecognized arguments:")[2])
+    unknown += [".".join(filter(None, m)) for m in re.findall(r"(?:Group '([^']+)' )?[^']*[Oo]ption '([^']+)'", message)]
+    known, parsers = set(), [parser]
+    while parsers:  # the options of this parser and of its subcommands
+        p = parsers.pop()
+        known.update(s[2:] for a in p._actions for s in a.option_strings if s.startswith("--"))
+        if p._subcommands_action is not None:
+            parsers += p._subcommands_action._name_parser_map.values()
+    close = [m for key in unknown for m in difflib.get_close_matches(key, known, n=1)]
+    return f" (did you mean {', '.join('--' + m for m in close)}?)" if close else ""
 
 
 class ViTCLI(LightningCLI):
@@ -22,7 +59,19 @@ class ViTCLI(LightningCLI):
     - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments come from the
       checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
       folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name.
+    - Bad arguments fail before any training: unknown options name the closest known one, a checkpoint that
+      does not fit the model names the tensors that differ, and a command that fails before writing a
+      checkpoint or a metric leaves no run folder behind.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("parser_class", ArgumentParser)
+        self._ckpt: tuple[str, dict] | None = None  # (path, contents) of --ckpt_path, until the model is checked
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._remove_run_folder_without_results()
+            raise
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
@@ -39,12 +88,57 @@ class ViTCLI(LightningCLI):
                     "init_args": {"save_dir": "runs", "name": "vit"},
                 },
                 "trainer.callbacks": [{"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"}],
+                "trainer.plugins": [{"class_path": "vit.callbacks.AtomicCheckpointIO"}],
             }
         )
 
     def parse_arguments(self, parser, args) -> None:
         self._cli_args = sys.argv[1:] if args is None else args
         super().parse_arguments(parser, args)
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand == "fit":
+            max_epochs = self.config.fit.trainer.max_epochs
+            if max_epochs is not None and max_epochs != -1 and max_epochs < 1:
+                raise ValueError(f"trainer.max_epochs must be positive (or -1 for no limit), got {max_epochs}")
+
+    def after_instantiate_classes(self) -> None:
+        # Fail before the run starts (and before its folder is made) when the checkpoint does not fit the model.
+        if self._ckpt is not None:
+            path, ckpt = self._ckpt
+            self._ckpt = None  # the trainer loads the weights again; do not hold a second copy
+            try:
+                self.model.load_state_dict(ckpt["state_dict"])  # as the trainer will, pos_embed resampling included
+            except RuntimeError:
+                raise ValueError(self._mismatch_message(path, ckpt)) from None
+
+    def _mismatch_message(self, path: str, ckpt: dict) -> str:
+        """Which tensors differ between a checkpoint and the model, and which arguments made them differ."""
+        ours = self.model.state_dict()
+        theirs = ckpt["state_dict"]
+        problems = [f"{k} is {tuple(v.shape)} in the checkpoint but {tuple(ours[k].shape)} here"
+                    for k, v in theirs.items() if k in ours and v.shape != ours[k].shape]
+        problems += [f"{k} is missing from the checkpoint" for k in ours.keys() - theirs.keys()]
+        problems += [f"{k} is in the checkpoint but not in this model" for k in theirs.keys() - ours.keys()]
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        saved, built = ckpt.get(CONFIG_KEY, {}), self.model.model.config
+        changed = ", ".join(f"{k}={built[k]} (checkpoint: {v})" for k, v in saved.items() if built.get(k) != v)
+        hint = f"This command asks for {changed}: drop those arguments" if changed else "Check the --model arguments"
+        return (
+            f"checkpoint {path!r} does not fit the model: {'; '.join(problems[:3])}{more}. "
+            f"{hint} to use the checkpoint's architecture."
+        )
+
+    def _remove_run_folder_without_results(self) -> None:
+        """A failed command that wrote no checkpoint and no metric leaves no run folder that looks like a result."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.logger is None or not trainer.is_global_zero or trainer.logger.log_dir is None:
+            return
+        run = Path(trainer.logger.log_dir)
+        if run.is_dir() and all(p.is_dir() or p.name in ("config.yaml", "hparams.yaml") for p in run.rglob("*")):
+            shutil.rmtree(run)
+            with contextlib.suppress(OSError):  # and the run name's folder, if that was its only run
+                run.parent.rmdir()
 
     def _parse_ckpt_path(self) -> None:
         """Take the model's arguments from the checkpoint as defaults that explicit arguments override."""
@@ -58,6 +152,7 @@ class ViTCLI(LightningCLI):
         if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
             return
         ckpt = load_checkpoint_file(ckpt_path)  # a clear error for a missing, foreign or unsafe file
+        self._ckpt = (ckpt_path, ckpt)
         hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
         if hparams:
             self.parser._subcommands_action._name_parser_map[subcommand].set_defaults(
@@ -88,11 +183,27 @@ class ViTCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> ViTCLI:
-    """Run the command line (``args`` as on the command line, default ``sys.argv[1:]``)."""
-    return ViTCLI(
-        ViTClassifier,
-        CIFAR10DataModule,
-        args=args,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-    )
+    """Run the command line (``args`` as on the command line, default ``sys.argv[1:]``).
+
+    A bad argument, file or setting exits with status 2 after one ``error: ...`` line on stderr, as argument
+    errors do (``SystemExit``, the original exception as its ``__cause__``). Errors raised inside the training
+    and evaluation loops keep their traceback: they are failures of a run, not of its arguments.
+    """
+    try:
+        return ViTCLI(
+            ViTClassifier,
+            CIFAR10DataModule,
+            args=args,
+            seed_everything_default=0,
+            save_config_kwargs={"overwrite": True},
+        )
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        if _raised_in_loop(err):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+
+
+def _raised_in_loop(err: BaseException) -> bool:
+    loops = os.path.dirname(lightning.pytorch.loops.__file__)
+    return any(frame.filename.startswith(loops) for frame in traceback.extract_tb(err.__traceback__))

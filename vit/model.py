@@ -280,6 +280,13 @@ class ViT(nn.Module):
                 f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them or call model.resize_pos_embed"
             )
+        # NaN pixels would silently turn every logit into NaN. The check reads a value, so traced, compiled and
+        # exported graphs leave it out: they must not hold a data-dependent branch.
+        capturing = (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                     or torch.onnx.is_in_onnx_export())
+        if not capturing and not images.isfinite().all():
+            bad = (~images.isfinite()).sum().item()
+            raise ValueError(f"images contain {bad} NaN or infinite values (shape {tuple(images.shape)}); check the data")
 
     def forward_features(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
         """Images ``(B, C, H, W)`` -> normalised tokens ``(B, 1 + N, dim)``; token 0 is the CLS token.
