@@ -6,7 +6,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 
@@ -119,11 +118,20 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(inner, dim)
         self.proj_drop = nn.Dropout(proj_dropout)
 
+    def _split_heads(self, t: Tensor, parts: int) -> tuple[Tensor, ...]:
+        """``(B, N, parts * heads * d)`` -> ``parts`` views ``(B, heads, N, d)``, no copies.
+
+        ``unbind`` on the ``parts`` axis (rather than selecting from a permuted tensor) keeps the backward to one
+        copy: SDPA's CPU kernel returns its input gradients in the ``(B, N, heads, d)`` layout these views have,
+        so the gradients stack straight into the projection's ``(B, N, parts * heads * d)`` layout. Selecting
+        ``qkv[i]`` instead would zero-fill and add into a full ``(3, B, heads, N, d)`` buffer once per part.
+        """
+        return tuple(part.transpose(1, 2) for part in t.unflatten(-1, (parts, self.heads, self.dim_head)).unbind(2))
+
     def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         inner = self.heads * self.dim_head
         if self.context_dim is None and context is None:
-            qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
-            return qkv[0], qkv[1], qkv[2]
+            return self._split_heads(self.qkv(x), 3)
         if self.context_dim is None:  # same-width context: reuse the k/v rows of the fused projection
             if context.shape[-1] != self.dim:
                 raise ValueError(
@@ -139,8 +147,8 @@ class MultiHeadAttention(nn.Module):
             if context.shape[-1] != self.context_dim:
                 raise ValueError(f"context width {context.shape[-1]} != context_dim {self.context_dim}")
             q, kv = self.q(x), self.kv(context)
-        q = rearrange(q, "b n (h d) -> b h n d", h=self.heads)
-        k, v = rearrange(kv, "b m (two h d) -> two b h m d", two=2, h=self.heads)
+        (q,) = self._split_heads(q, 1)
+        k, v = self._split_heads(kv, 2)
         return q, k, v
 
     def forward(
@@ -158,5 +166,6 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.attn_dropout if self.training else 0.0
         out = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
         out, weights = out if need_weights else (out, None)
-        out = self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        # (B, heads, N, d) -> (B, N, heads * d): free for the fused path, whose output is laid out (B, N, heads, d)
+        out = self.proj_drop(self.proj(out.transpose(1, 2).flatten(2)))
         return (out, weights) if need_weights else out

@@ -110,9 +110,23 @@ class Block(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """``(B, N, dim) -> (B, N, dim)``; with ``need_weights`` also the attention weights ``(B, heads, N, N)``."""
-        attn = self.attn(self.norm1(x), mask=mask, need_weights=need_weights)
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False, queries: int | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``(B, N, dim) -> (B, N, dim)``; with ``need_weights`` also the attention weights ``(B, heads, N, N)``.
+
+        ``queries=q`` computes the outputs of the first ``q`` tokens only, ``(B, q, dim)``: they still attend to
+        all ``N`` tokens, but the query and output projections and the MLP run on ``q`` rows instead of ``N``.
+        The last block of a CLS-pooled classifier needs only token 0, so this saves most of that block.
+        """
+        h = self.norm1(x)
+        if queries is None:
+            attn = self.attn(h, mask=mask, need_weights=need_weights)
+        else:
+            if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1:
+                mask = mask[..., :queries, :]  # the rows of the kept queries
+            x = x[:, :queries]
+            attn = self.attn(h[:, :queries], context=h, mask=mask, need_weights=need_weights)
         attn, weights = attn if need_weights else (attn, None)
         x = x + self.drop_path(attn)
         x = x + self.drop_path(self.mlp(self.norm2(x)))
@@ -288,14 +302,18 @@ class ViT(nn.Module):
             bad = (~images.isfinite()).sum().item()
             raise ValueError(f"images contain {bad} NaN or infinite values (shape {tuple(images.shape)}); check the data")
 
-    def forward_features(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward_features(self, images: Tensor, mask: Tensor | None = None, cls_only: bool = False) -> Tensor:
         """Images ``(B, C, H, W)`` -> normalised tokens ``(B, 1 + N, dim)``; token 0 is the CLS token.
 
-        ``mask`` (boolean, True = may attend) broadcasts to ``(B, heads, 1 + N, 1 + N)``.
+        ``mask`` (boolean, True = may attend) broadcasts to ``(B, heads, 1 + N, 1 + N)``. ``cls_only`` returns
+        just the CLS token, ``(B, 1, dim)``, with the same value, at less cost: in the last block only the CLS
+        query is projected and only its row goes through the attention output, the MLP and the final norm
+        (about 5/6 of that block's work is skipped; ``forward`` uses it for ``pool="cls"``).
         """
         x = self._embed(images)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x, mask=mask)
+        x = self.blocks[-1](x, mask=mask, queries=1 if cls_only else None)
         return self.norm(x)
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
@@ -305,7 +323,7 @@ class ViT(nn.Module):
 
     def forward(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
         """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``, or pooled features ``(B, dim)`` if ``num_classes=0``."""
-        return self.forward_head(self.forward_features(images, mask=mask))
+        return self.forward_head(self.forward_features(images, mask=mask, cls_only=self.pool == "cls"))
 
     def forward_intermediates(
         self, images: Tensor, layers: int | list[int] = 4, *, norm: bool = False, mask: Tensor | None = None
