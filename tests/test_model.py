@@ -65,6 +65,16 @@ def test_api_shapes():
     assert model.forward_head(tokens, pre_logits=True).shape == (2, 192)
 
 
+def test_cls_only_shortcut_equals_the_full_forward():
+    """forward() runs only the CLS query through the last block; that must not change the logits."""
+    model = small_vit().eval()
+    images = torch.randn(3, 3, 16, 16)
+    mask = torch.rand(17, 17) > 0.3
+    for m in (None, mask):
+        full = model.forward_head(model.forward_features(images, mask=m))
+        torch.testing.assert_close(model(images, mask=m), full, rtol=1e-5, atol=1e-6)
+
+
 def test_rectangular_images_and_mean_pool():
     model = small_vit(image_size=(16, 24), pool="mean").eval()
     images = torch.randn(2, 3, 16, 24)

@@ -102,11 +102,12 @@ class Block(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         drop_path: float = 0.0,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = MultiHeadAttention(dim, heads, qkv_bias=qkv_bias, attn_dropout=attn_dropout, proj_dropout=dropout)
-        self.norm2 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), dropout)
         self.drop_path = DropPath(drop_path)
 
@@ -210,13 +211,10 @@ class ViT(nn.Module):
         self.pos_drop = nn.Dropout(dropout)
         rates = [drop_path * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(dim, heads, mlp_ratio, qkv_bias, dropout, attn_dropout, rate) for rate in rates
+            Block(dim, heads, mlp_ratio, qkv_bias, dropout, attn_dropout, rate, norm_eps) for rate in rates
         )
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
-        for m in self.modules():  # one eps for all norms, set here so Block needs no argument for it
-            if isinstance(m, nn.LayerNorm):
-                m.eps = norm_eps
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -294,11 +292,12 @@ class ViT(nn.Module):
                 f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them or call model.resize_pos_embed"
             )
-        # NaN pixels would silently turn every logit into NaN. The check reads a value, so traced, compiled and
-        # exported graphs leave it out: they must not hold a data-dependent branch.
+        # NaN pixels would silently turn every logit into NaN. The check reads a value back (a GPU sync), so the
+        # training hot path leaves it to the loss check, and traced, compiled and exported graphs leave it out:
+        # they must not hold a data-dependent branch.
         capturing = (torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
                      or torch.onnx.is_in_onnx_export())
-        if not capturing and not images.isfinite().all():
+        if not self.training and not capturing and not images.isfinite().all():
             bad = (~images.isfinite()).sum().item()
             raise ValueError(f"images contain {bad} NaN or infinite values (shape {tuple(images.shape)}); check the data")
 
