@@ -75,6 +75,20 @@ def test_cls_only_shortcut_equals_the_full_forward():
         torch.testing.assert_close(model(images, mask=m), full, rtol=1e-5, atol=1e-6)
 
 
+def test_patch_drop_keeps_cls_and_a_share_of_patches_in_training_only():
+    model = small_vit(patch_drop=0.5)
+    images = torch.randn(2, 3, 16, 16)
+    tokens = model._embed(images)
+    assert tokens.shape == (2, 1 + 8, 32)
+    full = model.eval()._embed(images)
+    assert full.shape == (2, 17, 32)
+    torch.testing.assert_close(tokens[:, 0], full[:, 0])  # CLS first, always kept
+    for b in range(2):  # every kept token is one of the image's own tokens, with its position embedding
+        assert all((full[b, 1:] - t).abs().amax(-1).min() < 1e-6 for t in tokens[b, 1:])
+    model.train()(images).sum().backward()
+    assert model.patch_embed.proj.weight.grad is not None
+
+
 def test_rectangular_images_and_mean_pool():
     model = small_vit(image_size=(16, 24), pool="mean").eval()
     images = torch.randn(2, 3, 16, 24)

@@ -29,7 +29,8 @@ class ViTClassifier(L.LightningModule):
     ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio * lr``.
 
     Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
-    ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``.
+    ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``;
+    ``patch_drop`` drops that share of patch tokens from each training image (cheaper steps).
 
     Evaluation: ``ema_decay`` > 0 keeps an exponential moving average of the weights (``ema_model``);
     ``eval_ema`` makes validation and test evaluate it instead of the raw weights; ``tta_flip`` averages the
@@ -50,6 +51,7 @@ class ViTClassifier(L.LightningModule):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         drop_path: float = 0.1,
+        patch_drop: float = 0.0,
         qkv_bias: bool = True,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -85,7 +87,7 @@ class ViTClassifier(L.LightningModule):
         arch.update({k: v for k, v in dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio).items() if v is not None})
         self.model = ViT(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, pool=pool, dropout=dropout,
-            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias, **arch,
+            attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias, **arch,
         )
         # The average is a frozen copy updated after each optimizer step; it is never trained.
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
@@ -170,7 +172,9 @@ class ViTClassifier(L.LightningModule):
             {"params": [p for n, p in params.items() if n not in exempt], "weight_decay": hp.weight_decay, "name": "decay"},
             {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
         ]
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        # the fused kernel updates all tensors in one pass: hundreds fewer small ops per step than the default
+        fused = all(p.device.type in ("cpu", "cuda") for p in params.values())
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = int(hp.warmup_fraction * total)
 

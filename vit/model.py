@@ -150,6 +150,8 @@ class ViT(nn.Module):
         dropout: dropout after the embedding, the MLP layers and the attention projection.
         attn_dropout: dropout on the attention weights.
         drop_path: stochastic-depth rate of the last block (linearly increasing from 0 over depth).
+        patch_drop: share of patch tokens dropped at random from each training image after the position
+            embedding (PatchDropout, Liu et al. 2022): training costs about that much less, evaluation sees all.
         qkv_bias: bias in the query/key/value projection.
         norm_eps: epsilon of every LayerNorm (timm's ViTs use 1e-6).
     """
@@ -169,6 +171,7 @@ class ViT(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         drop_path: float = 0.0,
+        patch_drop: float = 0.0,
         qkv_bias: bool = True,
         norm_eps: float = 1e-5,
     ) -> None:
@@ -186,7 +189,7 @@ class ViT(nn.Module):
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         if pool not in ("cls", "mean"):
             raise ValueError(f"unknown pool {pool!r}; use 'cls' or 'mean'")
-        for name, p in dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path).items():
+        for name, p in dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop).items():
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
 
@@ -194,7 +197,8 @@ class ViT(nn.Module):
         self.config = dict(
             image_size=list(image_size), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes,
             dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio, pool=pool, dropout=dropout,
-            attn_dropout=attn_dropout, drop_path=drop_path, qkv_bias=qkv_bias, norm_eps=norm_eps,
+            attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias,
+            norm_eps=norm_eps,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -202,6 +206,7 @@ class ViT(nn.Module):
         self.num_classes = num_classes
         self.dim = dim
         self.pool = pool
+        self.patch_drop = patch_drop
         self.grid_size = (image_size[0] // patch_size, image_size[1] // patch_size)
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -389,6 +394,11 @@ class ViT(nn.Module):
         x = self.patch_embed(images)  # (B, N, dim)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, 1 + N, dim)
+        if self.training and self.patch_drop > 0:
+            b, n, d = x.shape
+            keep = max(1, round((n - 1) * (1 - self.patch_drop)))
+            index = torch.rand(b, n - 1, device=x.device).argsort(dim=1)[:, :keep] + 1  # (B, keep), CLS is 0
+            x = torch.cat([x[:, :1], x.gather(1, index.unsqueeze(-1).expand(-1, -1, d))], dim=1)  # (B, 1 + keep, dim)
         return self.pos_drop(x)
 
 
