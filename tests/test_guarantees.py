@@ -25,7 +25,7 @@ from PIL import Image
 
 import vit
 from vit import attention_maps, export, predict
-from vit import data as vdata
+from vit import cifar10 as vdata
 from vit.callbacks import AtomicCheckpointIO
 from vit.checkpoint import load_checkpoint_file
 from vit.cli import main

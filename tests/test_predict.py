@@ -51,12 +51,12 @@ def test_predicts_every_image_and_reports_the_bad_file(tmp_path, inputs, capsys)
     for result in results[1:]:
         probs = [p["probability"] for p in result["predictions"]]
         assert len(probs) == 3 and probs == sorted(probs, reverse=True)
-        assert all(p["label"] in vit.data.CIFAR10_CLASSES for p in result["predictions"])
+        assert all(p["label"] in vit.cifar10.CIFAR10_CLASSES for p in result["predictions"])
         assert f"{result['file']}: {result['predictions'][0]['label']}" in captured.out
 
     # the same numbers as the model on the resized, normalised image
     image = predict.load_image(folder / "big.jpg", (16, 16))
-    expected = model(vit.data.normalize(image[None])).softmax(-1)[0]
+    expected = model(vit.cifar10.normalize(image[None])).softmax(-1)[0]
     top = results[1]["predictions"][0]
     assert top["probability"] == pytest.approx(expected.max().item(), abs=1e-6)
     assert top["index"] == expected.argmax().item()

@@ -143,7 +143,9 @@ class MultiHeadAttention(nn.Module):
             q, kv = F.linear(x, w_q, b_q), F.linear(context, w_kv, b_kv)
         else:
             if context is None:
-                raise ValueError(f"this module was built for cross-attention (context_dim={self.context_dim}); pass context")
+                raise ValueError(
+                    f"this module was built for cross-attention (context_dim={self.context_dim}); pass context"
+                )
             if context.shape[-1] != self.context_dim:
                 raise ValueError(f"context width {context.shape[-1]} != context_dim {self.context_dim}")
             q, kv = self.q(x), self.kv(context)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from vit.data import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
+from vit.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
 from vit.model import ViT
 from vit.predict import class_names, load_image, load_model, predict
 from vit.rollout import attention_rollout

@@ -40,7 +40,8 @@ def _did_you_mean(message: str, parser: ArgumentParser) -> str:
     option 'model.lrr'" (config file) or "Group 'model' does not accept option 'lrr'".
     """
     unknown = re.findall(r"(?:^|\s)--([\w.-]+)", message.partition("unrecognized arguments:")[2])
-    unknown += [".".join(filter(None, m)) for m in re.findall(r"(?:Group '([^']+)' )?[^']*[Oo]ption '([^']+)'", message)]
+    in_config = re.findall(r"(?:Group '([^']+)' )?[^']*[Oo]ption '([^']+)'", message)
+    unknown += [".".join(filter(None, m)) for m in in_config]
     known, parsers = set(), [parser]
     while parsers:  # the options of this parser and of its subcommands
         p = parsers.pop()

@@ -84,7 +84,8 @@ class ViTClassifier(L.LightningModule):
             raise ValueError("eval_ema needs a weight average: set ema_decay > 0 (e.g. 0.999)")
         self.save_hyperparameters()
         arch = size_config(size)
-        arch.update({k: v for k, v in dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio).items() if v is not None})
+        overrides = dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio)
+        arch.update({k: v for k, v in overrides.items() if v is not None})
         self.model = ViT(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, pool=pool, dropout=dropout,
             attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias, **arch,
@@ -169,7 +170,8 @@ class ViTClassifier(L.LightningModule):
         exempt = self.model.no_weight_decay()
         params = dict(self.model.named_parameters())
         groups = [
-            {"params": [p for n, p in params.items() if n not in exempt], "weight_decay": hp.weight_decay, "name": "decay"},
+            {"params": [p for n, p in params.items() if n not in exempt], "weight_decay": hp.weight_decay,
+             "name": "decay"},
             {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
         ]
         # the fused kernel updates all tensors in one pass: hundreds fewer small ops per step than the default

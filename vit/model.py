@@ -177,7 +177,8 @@ class ViT(nn.Module):
     ) -> None:
         super().__init__()
         image_size = _pair(image_size)
-        for name, value in dict(patch_size=patch_size, in_channels=in_channels, dim=dim, depth=depth, heads=heads).items():
+        sizes = dict(patch_size=patch_size, in_channels=in_channels, dim=dim, depth=depth, heads=heads)
+        for name, value in sizes.items():
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if num_classes < 0:
@@ -189,7 +190,8 @@ class ViT(nn.Module):
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         if pool not in ("cls", "mean"):
             raise ValueError(f"unknown pool {pool!r}; use 'cls' or 'mean'")
-        for name, p in dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop).items():
+        probabilities = dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop)
+        for name, p in probabilities.items():
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
 
@@ -291,7 +293,9 @@ class ViT(nn.Module):
         if images.dim() != 4:
             raise ValueError(f"expected images of shape (B, C, H, W), got shape {tuple(images.shape)}")
         if images.shape[1] != self.in_channels:
-            raise ValueError(f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})")
+            raise ValueError(
+                f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})"
+            )
         if tuple(images.shape[-2:]) != self.image_size:
             raise ValueError(
                 f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
@@ -304,7 +308,9 @@ class ViT(nn.Module):
                      or torch.onnx.is_in_onnx_export())
         if not self.training and not capturing and not images.isfinite().all():
             bad = (~images.isfinite()).sum().item()
-            raise ValueError(f"images contain {bad} NaN or infinite values (shape {tuple(images.shape)}); check the data")
+            raise ValueError(
+                f"images contain {bad} NaN or infinite values (shape {tuple(images.shape)}); check the data"
+            )
 
     def forward_features(self, images: Tensor, mask: Tensor | None = None, cls_only: bool = False) -> Tensor:
         """Images ``(B, C, H, W)`` -> normalised tokens ``(B, 1 + N, dim)``; token 0 is the CLS token.
@@ -326,7 +332,7 @@ class ViT(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``, or pooled features ``(B, dim)`` if ``num_classes=0``."""
+        """Images ``(B, C, H, W)`` -> logits ``(B, num_classes)``; pooled features ``(B, dim)`` if ``num_classes=0``."""
         return self.forward_head(self.forward_features(images, mask=mask, cls_only=self.pool == "cls"))
 
     def forward_intermediates(

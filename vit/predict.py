@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from vit.data import CIFAR10_CLASSES, normalize
+from vit.cifar10 import CIFAR10_CLASSES, normalize
 from vit.model import ViT
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}  # what a folder is searched for; files named explicitly are all tried
