@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, SMOKE, data_args
 from PIL import Image
 
 import vit
@@ -30,19 +30,6 @@ from vit.callbacks import AtomicCheckpointIO
 from vit.checkpoint import load_checkpoint_file
 from vit.cli import main
 from vit.lightning import ViTClassifier
-
-SMOKE = str(REPO / "configs" / "smoke.yaml")
-
-
-def data_args(data_dir):
-    return ["--data.data_dir", str(data_dir), "--data.verify", "false", "--data.val_size", "64"]
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # runs/ lands here
-    return tmp_path
-
 
 @pytest.fixture(scope="module")
 def smoke_ckpt(fake_data, tmp_path_factory):

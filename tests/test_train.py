@@ -9,20 +9,13 @@ import pytest
 import torch
 
 import vit
-from conftest import REPO
+from conftest import REPO, SMOKE, data_args
 from vit.cli import main
-
-SMOKE = str(REPO / "configs" / "smoke.yaml")
-
-
-def data_args(fake_data):
-    return ["--data.data_dir", str(fake_data), "--data.verify", "false", "--data.val_size", "64"]
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # runs/ lands here
-    return tmp_path / "runs" / "smoke" / "version_0"
+def run_dir(workdir):
+    return workdir / "runs" / "smoke" / "version_0"
 
 
 def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
