@@ -57,7 +57,8 @@ def windows(images, padding, mirrored):
     """Every crop (and its mirror image if ``mirrored``) of the zero-padded images: (B, K, C, H, W)."""
     h, w = images.shape[-2:]
     padded = F.pad(images, (padding,) * 4)
-    crops = [padded[..., t : t + h, l : l + w] for t in range(2 * padding + 1) for l in range(2 * padding + 1)]
+    shifts = range(2 * padding + 1)
+    crops = [padded[..., top : top + h, left : left + w] for top in shifts for left in shifts]
     crops += [crop.flip(-1) for crop in crops] if mirrored else []
     return torch.stack(crops, dim=1)
 
