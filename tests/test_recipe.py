@@ -71,7 +71,8 @@ def test_ema_weights_differ_and_are_what_test_evaluates(fake_data, workdir):
 
     images, labels = read_cifar10(fake_data, train=False, verify=False)
     with torch.no_grad():
-        losses = {name: F.cross_entropy(m(normalize(images)), labels).item() for name, m in (("model", raw), ("ema", ema))}
+        x = normalize(images)
+        losses = {"model": F.cross_entropy(raw(x), labels).item(), "ema": F.cross_entropy(ema(x), labels).item()}
     for eval_ema, name in (("false", "model"), ("true", "ema")):
         tested = main(["test", "--ckpt_path", str(last), *data_args(fake_data), "--model.eval_ema", eval_ema])
         assert tested.trainer.callback_metrics["test/loss"].item() == pytest.approx(losses[name], rel=1e-5)
