@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -147,8 +148,15 @@ def download_cifar10(data_dir: Path, timeout: float = 30.0) -> None:
         socket.setdefaulttimeout(previous)
 
 
+@functools.cache
+def _statistics(device: torch.device) -> tuple[Tensor, Tensor]:
+    # made once per device: normalize runs on every batch, and a fresh tensor would be a host-to-device copy
+    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
+    return mean, std
+
+
 def normalize(images: Tensor) -> Tensor:
     """uint8 images ``(B, 3, H, W)`` -> float32, scaled to 0-1 and standardised with the CIFAR-10 statistics."""
-    mean = torch.tensor(CIFAR10_MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=images.device).view(1, 3, 1, 1)
+    mean, std = _statistics(images.device)
     return (images.float() / 255 - mean) / std
