@@ -40,6 +40,18 @@ def test_warmup_then_cosine_per_step_and_decay_only_on_weights():
     assert all(p.ndim == 2 for p in decay["params"])
 
 
+def test_patch_drop_stops_after_its_share_of_the_steps():
+    module = with_trainer(vit.ViTClassifier(**TINY, patch_drop=0.75, patch_drop_until=0.5), 10)
+    tokens = []
+    module.model.blocks[0].register_forward_pre_hook(lambda _, args: tokens.append(args[0].shape[1]))
+    module.log = module.log_dict = lambda *args, **kwargs: None  # logging needs a real Trainer
+    images, labels = torch.randn(2, 3, 32, 32), torch.arange(2)
+    for step in range(10):
+        module._trainer.global_step = step  # what LightningModule.global_step reads
+        module.training_step((images, labels), step)
+    assert tokens == [1 + 16] * 5 + [1 + 64] * 5  # a quarter of the 64 patches, then all of them
+
+
 def test_mixup_trains_on_soft_targets():
     module = vit.ViTClassifier(**TINY, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
     images, labels = torch.randn(8, 3, 32, 32), torch.arange(8)

@@ -30,7 +30,8 @@ class ViTClassifier(L.LightningModule):
 
     Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
     ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``;
-    ``patch_drop`` drops that share of patch tokens from each training image (cheaper steps).
+    ``patch_drop`` drops that share of patch tokens from each training image (cheaper steps), for the first
+    ``patch_drop_until`` share of the optimizer steps; the steps after that see every token, as evaluation does.
 
     Evaluation: ``ema_decay`` > 0 keeps an exponential moving average of the weights (``ema_model``);
     ``eval_ema`` makes validation and test evaluate it instead of the raw weights; ``tta_flip`` averages the
@@ -52,6 +53,7 @@ class ViTClassifier(L.LightningModule):
         attn_dropout: float = 0.0,
         drop_path: float = 0.1,
         patch_drop: float = 0.0,
+        patch_drop_until: float = 1.0,
         qkv_bias: bool = True,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
@@ -70,6 +72,8 @@ class ViTClassifier(L.LightningModule):
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 for classification training, got {num_classes}")
+        if not 0 <= patch_drop_until <= 1:
+            raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the training steps), got {patch_drop_until}")
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if weight_decay < 0:
@@ -117,6 +121,9 @@ class ViTClassifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
         hp = self.hparams
+        # from the step global_step alone, so a resumed run drops exactly as the uninterrupted one would
+        dropping = self.global_step < hp.patch_drop_until * self.trainer.estimated_stepping_batches
+        self.model.patch_drop = hp.patch_drop if dropping else 0.0
         targets: Tensor = labels
         if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
             images, targets = mix(images, labels, hp.num_classes, mixup_alpha=hp.mixup_alpha,
