@@ -97,14 +97,34 @@ def test_rectangular_images_and_mean_pool():
     torch.testing.assert_close(model(images), model.head(tokens[:, 1:].mean(1)))
 
 
-def test_every_parameter_gets_a_gradient():
-    model = small_vit(drop_path=0.1, dropout=0.1, attn_dropout=0.1)
+@pytest.mark.parametrize("init", ["trunc_normal", "mimetic"])
+def test_every_parameter_gets_a_gradient(init):
+    model = small_vit(drop_path=0.1, dropout=0.1, attn_dropout=0.1, init=init)
     loss = model(torch.randn(4, 3, 16, 16)).logsumexp(-1).mean()
     loss.backward()
     assert torch.isfinite(loss)
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
         assert torch.isfinite(p.grad).all(), name
+
+
+def test_mimetic_init_products_and_local_attention_at_step_0():
+    torch.manual_seed(0)
+    model = vit.ViT(image_size=32, patch_size=4, dim=128, depth=2, heads=4, init="mimetic")
+    attn, d = model.blocks[0].attn, 32
+    w_q, w_k, w_v = attn.qkv.weight.split(128)
+    qk = w_q[:d].T @ w_k[:d]  # head 0's W_q^T W_k, rank 32 of 0.7 Z + 0.7 I
+    vo = attn.proj.weight @ w_v  # 0.4 Z - 0.4 I
+    assert qk.diag().mean() > 0.2 and qk.diag().mean() > 4 * (qk - qk.diag().diag()).abs().mean()
+    torch.testing.assert_close(vo.diag().mean(), torch.tensor(-0.4), atol=0.02, rtol=0)
+    torch.testing.assert_close(vo - vo.diag().diag(), torch.zeros(128, 128), atol=0.2, rtol=0)
+    # A blank image leaves only the position embeddings: a patch attends most to a patch near it (with the
+    # default init, to one ~5.5 grid steps away on average).
+    maps = model.eval().attention_maps(torch.zeros(1, 3, 32, 32))[0, 0]  # (heads, 65, 65), block 0
+    top = maps[:, 1:, 1:].argmax(-1)  # (heads, 64): the patch each patch attends to most
+    rows, cols = torch.arange(64) // 8, torch.arange(64) % 8
+    distance = ((rows[top] - rows).abs() + (cols[top] - cols).abs()).float()
+    assert distance.mean() < 1.5 and (distance <= 2).float().mean() > 0.9
 
 
 def test_attention_maps_equal_fused_forward():
@@ -189,6 +209,8 @@ def test_cls_blind_to_patches_under_a_mask():
         (dict(pool="max"), ValueError, "unknown pool 'max'"),
         (dict(depth=0), ValueError, "depth must be a positive integer"),
         (dict(drop_path=1.5), ValueError, "drop_path must be in"),
+        (dict(init="xavier"), ValueError, "unknown init 'xavier'"),
+        (dict(dim=18, heads=2, init="mimetic"), ValueError, "needs dim divisible by 4"),
     ],
 )
 def test_bad_config(kwargs, error, message):

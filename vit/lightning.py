@@ -55,6 +55,7 @@ class ViTClassifier(L.LightningModule):
         patch_drop: float = 0.0,
         patch_drop_until: float = 1.0,
         qkv_bias: bool = True,
+        init: Literal["trunc_normal", "mimetic"] = "trunc_normal",
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -92,7 +93,8 @@ class ViTClassifier(L.LightningModule):
         arch.update({k: v for k, v in overrides.items() if v is not None})
         self.model = ViT(
             image_size=image_size, patch_size=patch_size, num_classes=num_classes, pool=pool, dropout=dropout,
-            attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias, **arch,
+            attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias, init=init,
+            **arch,
         )
         # The average is a frozen copy updated after each optimizer step; it is never trained.
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None

@@ -154,6 +154,10 @@ class ViT(nn.Module):
             embedding (PatchDropout, Liu et al. 2022): training costs about that much less, evaluation sees all.
         qkv_bias: bias in the query/key/value projection.
         norm_eps: epsilon of every LayerNorm (timm's ViTs use 1e-6).
+        init: ``"trunc_normal"`` (timm's ViT init) or ``"mimetic"`` (Trockman & Kolter 2023): each head's
+            ``W_q^T W_k`` starts near ``+I`` and each block's ``W_proj W_v`` near ``-I``, plus 2-D sin-cos
+            position embeddings, so that from step 0 a token attends to its neighbours, as in trained ViTs.
+            Only the starting point differs: the architecture and what it can learn are the same.
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class ViT(nn.Module):
         patch_drop: float = 0.0,
         qkv_bias: bool = True,
         norm_eps: float = 1e-5,
+        init: Literal["trunc_normal", "mimetic"] = "trunc_normal",
     ) -> None:
         super().__init__()
         image_size = _pair(image_size)
@@ -190,6 +195,10 @@ class ViT(nn.Module):
             raise ValueError(f"dim {dim} is not divisible by heads {heads}")
         if pool not in ("cls", "mean"):
             raise ValueError(f"unknown pool {pool!r}; use 'cls' or 'mean'")
+        if init not in ("trunc_normal", "mimetic"):
+            raise ValueError(f"unknown init {init!r}; use 'trunc_normal' or 'mimetic'")
+        if init == "mimetic" and dim % 4:
+            raise ValueError(f"init='mimetic' needs dim divisible by 4 (2-D sin-cos position embeddings), got {dim}")
         probabilities = dict(dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop)
         for name, p in probabilities.items():
             if not 0.0 <= p < 1.0:
@@ -200,7 +209,7 @@ class ViT(nn.Module):
             image_size=list(image_size), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes,
             dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio, pool=pool, dropout=dropout,
             attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias,
-            norm_eps=norm_eps,
+            norm_eps=norm_eps, init=init,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -209,6 +218,7 @@ class ViT(nn.Module):
         self.dim = dim
         self.pool = pool
         self.patch_drop = patch_drop
+        self.init = init
         self.grid_size = (image_size[0] // patch_size, image_size[1] // patch_size)
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -224,8 +234,13 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
+    @torch.no_grad()
     def init_weights(self) -> None:
-        """Truncated-normal(0.02) weights and embeddings, zero biases, unit norms: the one place of init."""
+        """Truncated-normal(0.02) weights and embeddings, zero biases, unit norms: the one place of init.
+
+        With ``init="mimetic"`` the attention weights and position embeddings are then set as described in the
+        class docstring.
+        """
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         for m in self.modules():
@@ -236,6 +251,10 @@ class ViT(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+        if self.init == "mimetic":
+            self.pos_embed[0, 1:] = sincos_pos_embed(self.grid_size, self.dim)
+            for block in self.blocks:
+                mimetic_attention_init_(block.attn)
 
     @classmethod
     def from_checkpoint(
@@ -406,6 +425,50 @@ class ViT(nn.Module):
             index = torch.rand(b, n - 1, device=x.device).argsort(dim=1)[:, :keep] + 1  # (B, keep), CLS is 0
             x = torch.cat([x[:, :1], x.gather(1, index.unsqueeze(-1).expand(-1, -1, d))], dim=1)  # (B, 1 + keep, dim)
         return self.pos_drop(x)
+
+
+def sincos_pos_embed(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
+    """2-D sin-cos position embeddings ``(h*w, dim)``, row-major: a quarter of the channels each for
+    ``sin(x)``, ``cos(x)``, ``sin(y)``, ``cos(y)`` at geometric frequencies. Nearby patches get similar vectors."""
+    h, w = grid_size
+    omega = temperature ** -(torch.arange(dim // 4) / max(dim // 4 - 1, 1))  # (dim/4,) frequencies
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    x = x.flatten()[:, None] * omega  # (h*w, dim/4)
+    y = y.flatten()[:, None] * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+
+
+def _near_identity_factors(n: int, alpha: float, beta: float) -> tuple[Tensor, Tensor]:
+    """``left, right`` (n, n) with ``left @ right = alpha * Z + beta * I``, Z uniform with variance 1/n.
+
+    The factors split the singular values evenly (``U sqrt(S)``, ``sqrt(S) V^T``), so neither side is larger.
+    """
+    bound = math.sqrt(3.0 / n)
+    target = alpha * torch.empty(n, n).uniform_(-bound, bound) + beta * torch.eye(n)
+    u, s, vh = torch.linalg.svd(target)
+    return u * s.sqrt(), s.sqrt()[:, None] * vh
+
+
+def mimetic_attention_init_(attn: MultiHeadAttention, qk: tuple[float, float] = (0.7, 0.7),
+                            vo: tuple[float, float] = (0.4, 0.4)) -> None:
+    """Mimetic initialisation (Trockman & Kolter 2023) of a fused-``qkv`` self-attention module, in place.
+
+    Each head's ``W_q^T W_k`` becomes the best rank-``dim_head`` approximation of ``qk[0] * Z + qk[1] * I``,
+    and ``W_proj W_v`` becomes ``vo[0] * Z - vo[1] * I``: the query-key and value-output products that
+    trained ViTs are seen to have.
+    """
+    dim, heads, d = attn.dim, attn.heads, attn.dim_head
+    inner = heads * d
+    if attn.context_dim is not None or inner > dim:
+        raise ValueError("mimetic init needs a fused qkv projection no wider than dim")
+    weight = attn.qkv.weight  # (3 * inner, dim): the q rows of every head, then the k rows, then the v rows
+    for h in range(heads):
+        left, right = _near_identity_factors(dim, *qk)
+        weight[h * d:(h + 1) * d] = left[:, :d].T  # W_q of head h, (d, dim)
+        weight[inner + h * d:inner + (h + 1) * d] = right[:d]  # W_k of head h, (d, dim)
+    left, right = _near_identity_factors(dim, vo[0], -vo[1])
+    weight[2 * inner:] = right[:inner]  # W_v, (inner, dim)
+    attn.proj.weight.copy_(left[:, :inner])  # W_proj, (dim, inner)
 
 
 def resample_pos_embed(pos_embed: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int]) -> Tensor:
