@@ -1,5 +1,6 @@
 """The small-data recipe options of ViTClassifier do what they say."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import SMOKE, data_args
 from vit.augment import mix
 from vit.cifar10 import normalize, read_cifar10
 from vit.cli import main
+from vit.optim import MuonAdamW, orthogonalize
 
 TINY = dict(size="micro", dim=32, depth=2, heads=2)
 
@@ -88,3 +90,65 @@ def test_ema_weights_differ_and_are_what_test_evaluates(fake_data, workdir):
     for eval_ema, name in (("false", "model"), ("true", "ema")):
         tested = main(["test", "--ckpt_path", str(last), *data_args(fake_data), "--model.eval_ema", eval_ema])
         assert tested.trainer.callback_metrics["test/loss"].item() == pytest.approx(losses[name], rel=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96), (48, 48)])
+def test_orthogonalize_pushes_every_singular_value_towards_one(shape):
+    torch.manual_seed(0)
+    update = torch.randn(*shape) @ torch.diag(torch.logspace(-1, 0, shape[1]))  # badly conditioned
+    singular_values = torch.linalg.svdvals(orthogonalize(update))
+    assert singular_values.min() > 0.5 and singular_values.max() < 1.3
+
+
+def test_muon_takes_the_block_matrices_and_trains():
+    module = with_trainer(vit.ViTClassifier(**TINY, optimizer="muon", muon_lr=0.02, lr=1e-3), 100)
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    muon = next(g for g in optimizer.param_groups if g["muon"])
+    assert {names[id(p)] for p in muon["params"]} == {
+        n for n, p in module.model.named_parameters() if n.startswith("blocks.") and p.ndim == 2
+    }
+    assert muon["initial_lr"] == 0.02 and muon["weight_decay"] * 0.02 == pytest.approx(0.05 * 1e-3)
+    images, labels = torch.randn(16, 3, 32, 32), torch.arange(16) % 10
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(module.model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_muon_state_round_trips_through_a_state_dict():
+    torch.manual_seed(0)
+    weights = [torch.randn(8, 4), torch.randn(4)]
+    copies = [w.clone() for w in weights]
+
+    def optimizer_for(params):
+        params = [torch.nn.Parameter(p) for p in params]
+        return params, MuonAdamW([{"params": params[:1], "muon": True}, {"params": params[1:]}], weight_decay=0.1)
+
+    def step(params, optimizer, seed):
+        torch.manual_seed(seed)
+        optimizer.zero_grad()
+        sum((p * torch.randn_like(p)).sum() for p in params).backward()
+        optimizer.step()
+
+    a, opt_a = optimizer_for(weights)
+    for seed in range(3):
+        step(a, opt_a, seed)
+    b, opt_b = optimizer_for([p.detach().clone() for p in a])
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as if from a file: no shared tensors
+    step(a, opt_a, 3)
+    step(b, opt_b, 3)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert not torch.equal(a[0], copies[0])
+
+
+def test_muon_refuses_what_is_not_a_matrix():
+    with pytest.raises(ValueError, match="2-D weight matrices only"):
+        MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "muon": True}])

@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.augment import mix
 from vit.checkpoint import CONFIG_KEY
 from vit.model import ViT, size_config
+from vit.optim import MuonAdamW
 
 
 class ViTClassifier(L.LightningModule):
@@ -25,8 +26,10 @@ class ViTClassifier(L.LightningModule):
     Architecture: ``size`` names a row of ``vit.SIZES``; ``dim``, ``depth``, ``heads`` and ``mlp_ratio``
     override it when given. The remaining architecture arguments are those of :class:`vit.ViT`.
 
-    Optimisation: AdamW (weight decay on weight matrices only), a linear warmup over the first
-    ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio * lr``.
+    Optimisation: AdamW (weight decay on weight matrices only), or with ``optimizer="muon"`` Muon at ``muon_lr``
+    for the blocks' weight matrices and AdamW at ``lr`` for the rest (:class:`vit.optim.MuonAdamW`); a linear
+    warmup over the first ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio``
+    times the base rates.
 
     Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
     ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``;
@@ -56,7 +59,9 @@ class ViTClassifier(L.LightningModule):
         patch_drop_until: float = 1.0,
         qkv_bias: bool = True,
         init: Literal["trunc_normal", "mimetic"] = "trunc_normal",
+        optimizer: Literal["adamw", "muon"] = "adamw",
         lr: float = 1e-3,
+        muon_lr: float = 0.02,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_fraction: float = 0.05,
@@ -75,8 +80,10 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(f"num_classes must be >= 1 for classification training, got {num_classes}")
         if not 0 <= patch_drop_until <= 1:
             raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the training steps), got {patch_drop_until}")
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
+        if lr <= 0 or muon_lr <= 0:
+            raise ValueError(f"lr and muon_lr must be positive, got {lr} and {muon_lr}")
+        if optimizer not in ("adamw", "muon"):
+            raise ValueError(f"unknown optimizer {optimizer!r}; use 'adamw' or 'muon'")
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         if not 0 <= warmup_fraction < 1:
@@ -123,9 +130,10 @@ class ViTClassifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
         hp = self.hparams
-        # from the step global_step alone, so a resumed run drops exactly as the uninterrupted one would
-        dropping = self.global_step < hp.patch_drop_until * self.trainer.estimated_stepping_batches
-        self.model.patch_drop = hp.patch_drop if dropping else 0.0
+        if hp.patch_drop_until < 1:
+            # from global_step alone, so a resumed run drops exactly as the uninterrupted one would
+            dropping = self.global_step < hp.patch_drop_until * self.trainer.estimated_stepping_batches
+            self.model.patch_drop = hp.patch_drop if dropping else 0.0
         targets: Tensor = labels
         if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
             images, targets = mix(images, labels, hp.num_classes, mixup_alpha=hp.mixup_alpha,
@@ -178,14 +186,22 @@ class ViTClassifier(L.LightningModule):
         hp = self.hparams
         exempt = self.model.no_weight_decay()
         params = dict(self.model.named_parameters())
+        # Muon takes the weight matrices inside the blocks; the patch embedding and the head stay on AdamW.
+        matrices = {n for n, p in params.items() if hp.optimizer == "muon" and n.startswith("blocks.") and p.ndim == 2}
         groups = [
-            {"params": [p for n, p in params.items() if n not in exempt], "weight_decay": hp.weight_decay,
+            {"params": [p for n, p in params.items() if n not in exempt | matrices], "weight_decay": hp.weight_decay,
              "name": "decay"},
             {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
         ]
-        # the fused kernel updates all tensors in one pass: hundreds fewer small ops per step than the default
-        fused = all(p.device.type in ("cpu", "cuda") for p in params.values())
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
+        if matrices:
+            # decay scaled so that the matrices shrink per step exactly as much as the AdamW ones (p *= 1 - lr * wd)
+            groups.append({"params": [params[n] for n in sorted(matrices)], "lr": hp.muon_lr, "muon": True,
+                           "weight_decay": hp.weight_decay * hp.lr / hp.muon_lr, "name": "muon"})
+            optimizer = MuonAdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        else:
+            # the fused kernel updates all tensors in one pass: hundreds fewer small ops per step than the default
+            fused = all(p.device.type in ("cpu", "cuda") for p in params.values())
+            optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = int(hp.warmup_fraction * total)
 

@@ -1,0 +1,99 @@
+"""Muon for the weight matrices inside the blocks, AdamW for every other parameter: one optimizer.
+
+One optimizer (rather than two) keeps Lightning's automatic optimisation, one learning-rate schedule that scales
+every group from its own base rate, and one state dict in checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+
+def orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
+    """Approximately ``U V^T`` of ``update = U S V^T``: every singular value pushed towards 1.
+
+    The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024), whose coefficients trade exactness for
+    speed: singular values land in about [0.7, 1.2], which trains as well as exact orthogonalisation. It runs
+    in the update's own dtype (fp32 here: bf16 is slow on CPUs without AVX-512).
+    """
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = update.shape[0] > update.shape[1]
+    x = update.T if tall else update  # iterate on the wide side: the Gram matrix is the smaller square
+    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1: inside the iteration's basin
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon on parameter groups with ``muon=True`` (2-D weight matrices), AdamW on the others.
+
+    Muon: Nesterov momentum, then the update is orthogonalised (:func:`orthogonalize`) and scaled by
+    ``sqrt(max(1, rows / cols))``; every direction of the matrix moves by about the same amount, which is
+    what lets it take larger, better-conditioned steps than Adam on hidden layers. Embeddings, the head,
+    biases and norms stay on AdamW, as in Muon's reference setup. Weight decay is decoupled, ``p *= 1 - lr * wd``,
+    for both kinds of group.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[dict],
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        defaults = dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay, muon=False)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if group["muon"] and any(p.ndim != 2 for p in group["params"]):
+                shapes = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+                raise ValueError(f"Muon updates 2-D weight matrices only; this group also holds shapes {shapes}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            lr = group["lr"]
+            if group["weight_decay"]:
+                torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            if group["muon"]:
+                self._muon(params, lr, group["momentum"])
+            else:
+                self._adamw(params, lr, *group["betas"], group["eps"])
+        return loss
+
+    def _muon(self, params: list[Tensor], lr: float, momentum: float) -> None:
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buffer = state["momentum_buffer"]
+            buffer.lerp_(p.grad, 1 - momentum)
+            update = orthogonalize(p.grad.lerp(buffer, momentum))  # Nesterov: look one momentum step ahead
+            p.add_(update, alpha=-lr * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+
+    def _adamw(self, params: list[Tensor], lr: float, beta1: float, beta2: float, eps: float) -> None:
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
+            exp_avg.lerp_(p.grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(eps)
+            p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
