@@ -149,7 +149,8 @@ def test_command_line_prints_one_error_line_and_exits_2(fake_data, tmp_path):
     """The same as a user sees it: ``python train.py ...`` prints the error, not a traceback."""
     result = subprocess.run(
         [sys.executable, str(REPO / "train.py"), "fit", "--config", SMOKE, *data_args(fake_data), "--model.heads", "3"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+        check=False,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
@@ -180,7 +181,8 @@ MODEL = {"image_size": 32, "patch_size": 4, "dim": 32, "depth": 1, "heads": 2}
 # (id, call given tmp_path, exception type, regex the message must match)
 PYTHON_CASES = [
     ("forward-channels", lambda t: vit.ViT(**MODEL)(images(channels=1)), ValueError, r"expected 3 channels, got 1"),
-    ("forward-size", lambda t: vit.ViT(**MODEL)(images(size=30)), ValueError, r"expected images of size 32x32, got 30x30"),
+    ("forward-size", lambda t: vit.ViT(**MODEL)(images(size=30)), ValueError,
+     r"expected images of size 32x32, got 30x30"),
     ("forward-dtype", lambda t: vit.ViT(**MODEL)(images(dtype=torch.uint8)), TypeError, r"got torch.uint8"),
     ("forward-not-a-tensor", lambda t: vit.ViT(**MODEL)(np.zeros((2, 3, 32, 32))), TypeError, r"got ndarray"),
     ("forward-nan", lambda t: vit.ViT(**MODEL).eval()(images(nan_at=(1, 0, 5, 7))), ValueError,

@@ -79,7 +79,7 @@ class ViTClassifier(L.LightningModule):
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 for classification training, got {num_classes}")
         if not 0 <= patch_drop_until <= 1:
-            raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the training steps), got {patch_drop_until}")
+            raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the steps), got {patch_drop_until}")
         if lr <= 0 or muon_lr <= 0:
             raise ValueError(f"lr and muon_lr must be positive, got {lr} and {muon_lr}")
         if optimizer not in ("adamw", "muon"):
