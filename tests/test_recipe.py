@@ -98,6 +98,8 @@ def test_orthogonalize_pushes_every_singular_value_towards_one(shape):
     update = torch.randn(*shape) @ torch.diag(torch.logspace(-1, 0, shape[1]))  # badly conditioned
     singular_values = torch.linalg.svdvals(orthogonalize(update))
     assert singular_values.min() > 0.5 and singular_values.max() < 1.3
+    stacked = orthogonalize(torch.stack([update, 2 * update.flip(0)]))  # a stack: each matrix on its own
+    torch.testing.assert_close(stacked, torch.stack([orthogonalize(update), orthogonalize(update.flip(0))]))
 
 
 def test_muon_takes_the_block_matrices_and_trains():

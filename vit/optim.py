@@ -16,17 +16,18 @@ def orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
     """Approximately ``U V^T`` of ``update = U S V^T``: every singular value pushed towards 1.
 
     The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024), whose coefficients trade exactness for
-    speed: singular values land in about [0.7, 1.2], which trains as well as exact orthogonalisation. It runs
-    in the update's own dtype (fp32 here: bf16 is slow on CPUs without AVX-512).
+    speed: singular values land in about [0.7, 1.2], which trains as well as exact orthogonalisation. Works on a
+    matrix ``(m, n)`` or a stack of them ``(k, m, n)``, in the update's own dtype (fp32 here: bf16 is slow on
+    CPUs without AVX-512).
     """
     a, b, c = 3.4445, -4.7750, 2.0315
-    tall = update.shape[0] > update.shape[1]
-    x = update.T if tall else update  # iterate on the wide side: the Gram matrix is the smaller square
-    x = x / (x.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1: inside the iteration's basin
+    tall = update.shape[-2] > update.shape[-1]
+    x = update.mT if tall else update  # iterate on the wide side: the Gram matrix is the smaller square
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1: converges
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+    return x.mT if tall else x
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -76,13 +77,19 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon(self, params: list[Tensor], lr: float, momentum: float) -> None:
         for p in params:
-            state = self.state[p]
-            if not state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buffer = state["momentum_buffer"]
-            buffer.lerp_(p.grad, 1 - momentum)
-            update = orthogonalize(p.grad.lerp(buffer, momentum))  # Nesterov: look one momentum step ahead
-            p.add_(update, alpha=-lr * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+            if not self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        buffers = [self.state[p]["momentum_buffer"] for p in params]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)
+        updates = torch._foreach_lerp(grads, buffers, momentum)  # Nesterov: look one momentum step ahead
+        by_shape: dict[torch.Size, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(p.shape, []).append(i)
+        for (rows, cols), indices in by_shape.items():  # one batched iteration per shape: fewer, larger matmuls
+            orthogonal = orthogonalize(torch.stack([updates[i] for i in indices]))
+            torch._foreach_add_([params[i] for i in indices], list(orthogonal.unbind(0)),
+                                alpha=-lr * max(1.0, rows / cols) ** 0.5)
 
     def _adamw(self, params: list[Tensor], lr: float, beta1: float, beta2: float, eps: float) -> None:
         for p in params:
