@@ -1,11 +1,13 @@
 """vit: a Vision Transformer for image classification.
 
-The network (``ViT``, ``MultiHeadAttention``, ``attend``, ``patchify``) is plain PyTorch. The training pieces
-(``ViTClassifier``, ``CIFAR10DataModule``) import Lightning, so they load only when first used.
+The network (``ViT``, ``MultiHeadAttention``, ``attend``, ``patchify``) and the optimizer (``MuonAdamW``) are
+plain PyTorch. The training pieces (``ViTClassifier``, ``CIFAR10DataModule``) import Lightning, so they load only
+when first used.
 """
 
 from vit.attention import MultiHeadAttention, attend
 from vit.model import SIZES, Block, ViT, patchify, size_config, unpatchify
+from vit.optim import MuonAdamW
 from vit.rollout import attention_rollout
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "Block",
     "CIFAR10DataModule",
     "MultiHeadAttention",
+    "MuonAdamW",
     "ViT",
     "ViTClassifier",
     "attend",
