@@ -16,7 +16,9 @@ Measured, in images/s (median over rounds), for each model in eager mode and und
 * ``infer``: a forward pass in ``eval()`` mode under ``torch.inference_mode``.
 
 The contenders run interleaved in one process (round 1: vit, timm, vit-pytorch; round 2: ...), after warmup,
-so that a noisy machine slows all three alike; each ratio compares the same mode against the same mode.
+so that a noisy machine slows all three alike; each ratio compares the same mode against the same mode. Two
+ratios are printed: of the medians, and the median of the per-round ratios (paired, so less sensitive to load
+that changes between rounds).
 Compilation time (the first calls of a compiled model) is printed separately and excluded from the timings.
 fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`` runs under bf16 autocast.
 
@@ -134,6 +136,10 @@ def run_mode(
     peers = [label for label in medians if label != "vit"]
     print(f"{name}: median images/s  " + "  ".join(f"{k} {v:.1f}" for k, v in medians.items()))
     print(f"{name}: ratio " + "  ".join(f"vit/{p} {medians['vit'] / medians[p]:.2f}x" for p in peers), flush=True)
+    # Paired: the ratio within each round (neighbours in time share the machine's load), then its median.
+    paired = {p: statistics.median(a / b for a, b in zip(rates["vit"], rates[p])) for p in peers}
+    print(f"{name}: median of per-round ratios " + "  ".join(f"vit/{p} {r:.2f}x" for p, r in paired.items()),
+          flush=True)
     return medians
 
 
