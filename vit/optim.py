@@ -16,7 +16,8 @@ def orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
     """Approximately ``U V^T`` of ``update = U S V^T``: every singular value pushed towards 1.
 
     The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024), whose coefficients trade exactness for
-    speed: singular values land in about [0.7, 1.2], which trains as well as exact orthogonalisation. Works on a
+    speed: singular values land roughly in [0.7, 1.2] (its authors found that trains as well as exact
+    orthogonalisation; ``tests/test_recipe.py`` checks [0.5, 1.3] on a badly conditioned input). Works on a
     matrix ``(m, n)`` or a stack of them ``(k, m, n)``, in the update's own dtype (fp32 here: bf16 is slow on
     CPUs without AVX-512).
     """
