@@ -124,6 +124,29 @@ def test_muon_takes_the_block_matrices_and_trains():
     assert losses[-1] < 0.7 * losses[0]
 
 
+def test_muon_groups_without_muon_are_exactly_adamw_and_tall_matrices_match_wide_ones():
+    torch.manual_seed(0)
+    weights = [torch.randn(4, 8), torch.randn(8, 4), torch.randn(8), torch.randn(3, 5)]
+    ours = [torch.nn.Parameter(w.clone()) for w in weights]
+    theirs = [torch.nn.Parameter(w.clone()) for w in weights[2:]]
+    muon = MuonAdamW([{"params": ours[:2], "muon": True, "weight_decay": 0.0}, {"params": ours[2:]}],
+                     lr=1e-2, weight_decay=0.1)
+    adamw = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1)
+    for seed in range(5):
+        grads = [torch.randn_like(w, generator=torch.Generator().manual_seed(seed + i)) for i, w in enumerate(weights)]
+        grads[1] = grads[0].mT  # the tall matrix sees the transpose of the wide one's gradient
+        for p, g in zip(ours + theirs, grads + grads[2:]):
+            p.grad = g.clone()
+        muon.step()
+        adamw.step()
+    for x, y in zip(ours[2:], theirs):
+        torch.testing.assert_close(x, y)
+    # the tall matrix moves by the wide one's steps, transposed and scaled by sqrt(rows / cols) = sqrt(2)
+    moved_wide, moved_tall = ours[0] - weights[0], ours[1] - weights[1]
+    assert moved_wide.abs().min() > 0
+    torch.testing.assert_close(moved_tall, 2**0.5 * moved_wide.mT)
+
+
 def test_muon_state_round_trips_through_a_state_dict():
     torch.manual_seed(0)
     weights = [torch.randn(8, 4), torch.randn(4)]

@@ -24,10 +24,14 @@ def orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
     a, b, c = 3.4445, -4.7750, 2.0315
     tall = update.shape[-2] > update.shape[-1]
     x = update.mT if tall else update  # iterate on the wide side: the Gram matrix is the smaller square
+    shape = x.shape
+    x = x.reshape(-1, *shape[-2:])  # a stack, for baddbmm
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1: converges
     for _ in range(steps):
         gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b G + c G^2, fused
+        x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b G + c G^2) X
+    x = x.reshape(shape)
     return x.mT if tall else x
 
 
@@ -84,24 +88,33 @@ class MuonAdamW(torch.optim.Optimizer):
         buffers = [self.state[p]["momentum_buffer"] for p in params]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, buffers, momentum)  # Nesterov: look one momentum step ahead
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, p in enumerate(params):
-            by_shape.setdefault(p.shape, []).append(i)
-        for (rows, cols), indices in by_shape.items():  # one batched iteration per shape: fewer, larger matmuls
-            orthogonal = orthogonalize(torch.stack([updates[i] for i in indices]))
-            torch._foreach_add_([params[i] for i in indices], list(orthogonal.unbind(0)),
-                                alpha=-lr * max(1.0, rows / cols) ** 0.5)
+        # one batched iteration per shape, tall matrices transposed to wide (U V^T transposes with them):
+        # fewer, larger matmuls
+        by_shape: dict[tuple[int, int], list[tuple[Tensor, Tensor]]] = {}
+        for p, u in zip(params, updates):
+            by_shape.setdefault((min(p.shape), max(p.shape)), []).append((p, u.mT if u.shape[0] > u.shape[1] else u))
+        for pairs in by_shape.values():
+            orthogonal = orthogonalize(torch.stack([u for _, u in pairs]))
+            for (p, _), o in zip(pairs, orthogonal):
+                rows, cols = p.shape
+                p.add_(o.mT if rows > cols else o, alpha=-lr * max(1.0, rows / cols) ** 0.5)
 
     def _adamw(self, params: list[Tensor], lr: float, beta1: float, beta2: float, eps: float) -> None:
         for p in params:
-            state = self.state[p]
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
-            exp_avg.lerp_(p.grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(eps)
-            p.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
+            if not self.state[p]:
+                self.state[p].update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            self.state[p]["step"] += 1
+        by_step: dict[int, list[Tensor]] = {}  # bias corrections differ only if some grads were missing earlier
+        for p in params:
+            by_step.setdefault(self.state[p]["step"], []).append(p)
+        for step, group in by_step.items():  # foreach: a few ops per step, not a few per tensor
+            grads = [p.grad for p in group]
+            exp_avgs = [self.state[p]["exp_avg"] for p in group]
+            exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in group]
+            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+            denoms = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(denoms, (1 - beta2**step) ** 0.5)
+            torch._foreach_add_(denoms, eps)
+            torch._foreach_addcdiv_(group, exp_avgs, denoms, value=-lr / (1 - beta1**step))
