@@ -1,5 +1,6 @@
 """The backbone in other people's code: timm weights, other image sizes, intermediate features."""
 
+import copy
 import subprocess
 import sys
 
@@ -118,6 +119,20 @@ def test_resized_model_runs_at_other_sizes(size):
     assert logits.shape == (2, 5) and torch.isfinite(logits).all()
     with pytest.raises(ValueError, match="not divisible by patch_size 4"):
         model.resize_pos_embed(30)
+
+
+def test_dynamic_img_size_equals_a_resized_copy_and_trains_the_original_embeddings():
+    model = small_vit(image_size=32, dynamic_img_size=True).eval()
+    images = torch.randn(2, 3, 16, 24)
+    resized = copy.deepcopy(model)
+    resized.resize_pos_embed((16, 24))
+    torch.testing.assert_close(model(images), resized(images))
+    model(images).sum().backward()
+    assert model.pos_embed.grad.abs().sum() > 0  # the resampling is differentiable
+    with pytest.raises(ValueError, match="not divisible into 4x4 patches"):
+        model(torch.randn(2, 3, 16, 18))
+    with pytest.raises(ValueError, match="expected images of size 32x32, got 16x24"):
+        small_vit(image_size=32).eval()(images)  # without the option the size stays checked
 
 
 def test_resampling_keeps_a_constant_embedding_constant():

@@ -54,6 +54,25 @@ def test_patch_drop_stops_after_its_share_of_the_steps():
     assert tokens == [1 + 16] * 5 + [1 + 64] * 5  # a quarter of the 64 patches, then all of them
 
 
+def test_low_res_phase_trains_on_downsampled_whole_images_then_full_size_with_patch_drop():
+    module = with_trainer(vit.ViTClassifier(**TINY, patch_drop=0.75, low_res_size=16, low_res_until=0.4), 10)
+    seen = []
+    module.model.register_forward_pre_hook(lambda _, args: seen.append(tuple(args[0].shape[-2:])))
+    tokens = []
+    module.model.blocks[0].register_forward_pre_hook(lambda _, args: tokens.append(args[0].shape[1]))
+    module.log = module.log_dict = lambda *args, **kwargs: None  # logging needs a real Trainer
+    images, labels = torch.full((2, 3, 32, 32), 0.5), torch.arange(2)
+    for step in range(10):
+        module._trainer.global_step = step  # what LightningModule.global_step reads
+        module.training_step((images, labels), step)
+    assert seen == [(16, 16)] * 4 + [(32, 32)] * 6
+    assert tokens == [1 + 16] * 4 + [1 + 16] * 6  # every patch of the small image, then a quarter of the large
+    module.eval()
+    assert module(torch.randn(2, 3, 32, 32)).shape == (2, 10)  # evaluation at full size
+    with pytest.raises(ValueError, match="low_res_size 30 must be smaller than image_size 32 and divisible"):
+        vit.ViTClassifier(**TINY, low_res_size=30)
+
+
 def test_mixup_trains_on_soft_targets():
     module = vit.ViTClassifier(**TINY, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
     images, labels = torch.randn(8, 3, 32, 32), torch.arange(8)

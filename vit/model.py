@@ -154,6 +154,9 @@ class ViT(nn.Module):
             embedding (PatchDropout, Liu et al. 2022): training costs about that much less, evaluation sees all.
         qkv_bias: bias in the query/key/value projection.
         norm_eps: epsilon of every LayerNorm (timm's ViTs use 1e-6).
+        dynamic_img_size: accept images of any size divisible by ``patch_size`` (as timm's option of that name):
+            the position embeddings are resampled to the input's patch grid on every forward, differentiably,
+            so a model can also be trained at a lower resolution than ``image_size``.
         init: ``"trunc_normal"`` (timm's ViT init) or ``"mimetic"`` (Trockman & Kolter 2023): each head's
             ``W_q^T W_k`` starts near ``+I`` and each block's ``W_proj W_v`` near ``-I``, plus 2-D sin-cos
             position embeddings, so that from step 0 a token attends to its neighbours, as in trained ViTs.
@@ -179,6 +182,7 @@ class ViT(nn.Module):
         qkv_bias: bool = True,
         norm_eps: float = 1e-5,
         init: Literal["trunc_normal", "mimetic"] = "trunc_normal",
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         image_size = _pair(image_size)
@@ -209,7 +213,7 @@ class ViT(nn.Module):
             image_size=list(image_size), patch_size=patch_size, in_channels=in_channels, num_classes=num_classes,
             dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio, pool=pool, dropout=dropout,
             attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias,
-            norm_eps=norm_eps, init=init,
+            norm_eps=norm_eps, init=init, dynamic_img_size=dynamic_img_size,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -219,6 +223,7 @@ class ViT(nn.Module):
         self.pool = pool
         self.patch_drop = patch_drop
         self.init = init
+        self.dynamic_img_size = dynamic_img_size
         self.grid_size = (image_size[0] // patch_size, image_size[1] // patch_size)
         num_patches = self.grid_size[0] * self.grid_size[1]
 
@@ -315,7 +320,13 @@ class ViT(nn.Module):
             raise ValueError(
                 f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})"
             )
-        if tuple(images.shape[-2:]) != self.image_size:
+        if self.dynamic_img_size:
+            if images.shape[-2] % self.patch_size or images.shape[-1] % self.patch_size:
+                raise ValueError(
+                    f"images of size {images.shape[-2]}x{images.shape[-1]} are not divisible into "
+                    f"{self.patch_size}x{self.patch_size} patches"
+                )
+        elif tuple(images.shape[-2:]) != self.image_size:
             raise ValueError(
                 f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them or call model.resize_pos_embed"
@@ -417,8 +428,11 @@ class ViT(nn.Module):
     def _embed(self, images: Tensor) -> Tensor:
         self.check_images(images)
         x = self.patch_embed(images)  # (B, N, dim)
+        grid = (images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size)
+        # another grid gets here only with dynamic_img_size (check_images): resample, differentiably
+        pos_embed = resample_pos_embed(self.pos_embed, self.grid_size, grid)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = torch.cat([cls, x], dim=1) + self.pos_embed  # (B, 1 + N, dim)
+        x = torch.cat([cls, x], dim=1) + pos_embed  # (B, 1 + N, dim)
         if self.training and self.patch_drop > 0:
             b, n, d = x.shape
             keep = max(1, round((n - 1) * (1 - self.patch_drop)))
