@@ -29,7 +29,8 @@ class ViTClassifier(L.LightningModule):
     Optimisation: AdamW (weight decay on weight matrices only), or with ``optimizer="muon"`` Muon at ``muon_lr``
     for the blocks' weight matrices and AdamW at ``lr`` for the rest (:class:`vit.optim.MuonAdamW`); a linear
     warmup over the first ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio``
-    times the base rates.
+    times the base rates. The default ``muon_lr`` is the best of 0.0025-0.04 for ``configs/cifar10_cpu15.yaml``
+    (README, Results); Muon's usual 0.02 made that ViT train far worse, and 0.04 diverged.
 
     Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
     ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``;
@@ -69,7 +70,7 @@ class ViTClassifier(L.LightningModule):
         low_res_until: float = 0.5,
         optimizer: Literal["adamw", "muon"] = "adamw",
         lr: float = 1e-3,
-        muon_lr: float = 0.02,
+        muon_lr: float = 0.005,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_fraction: float = 0.05,

@@ -154,13 +154,13 @@ class ViT(nn.Module):
             embedding (PatchDropout, Liu et al. 2022): training costs about that much less, evaluation sees all.
         qkv_bias: bias in the query/key/value projection.
         norm_eps: epsilon of every LayerNorm (timm's ViTs use 1e-6).
-        dynamic_img_size: accept images of any size divisible by ``patch_size`` (as timm's option of that name):
-            the position embeddings are resampled to the input's patch grid on every forward, differentiably,
-            so a model can also be trained at a lower resolution than ``image_size``.
         init: ``"trunc_normal"`` (timm's ViT init) or ``"mimetic"`` (Trockman & Kolter 2023): each head's
             ``W_q^T W_k`` starts near ``+I`` and each block's ``W_proj W_v`` near ``-I``, plus 2-D sin-cos
             position embeddings, so that from step 0 a token attends to its neighbours, as in trained ViTs.
             Only the starting point differs: the architecture and what it can learn are the same.
+        dynamic_img_size: accept images of any size divisible by ``patch_size`` (as timm's option of that name):
+            the position embeddings are resampled to the input's patch grid on every forward, differentiably,
+            so a model can also be trained at a lower resolution than ``image_size``.
     """
 
     def __init__(
