@@ -102,3 +102,30 @@ def test_same_width_context_reuses_the_fused_projection():
 def test_heads_must_divide_dim():
     with pytest.raises(ValueError, match="dim 10 is not divisible by heads 3"):
         vit.MultiHeadAttention(10, 3)
+
+
+@pytest.mark.parametrize("context_dim", [None, 24])
+def test_few_queries_take_the_absorbed_path_with_the_same_result(context_dim):
+    """One query against a long context folds W_k and W_v into the query side; outputs, weights, gradients and
+    fully masked rows must match projecting the keys and values as usual."""
+    torch.manual_seed(0)
+    attn = vit.MultiHeadAttention(32, 4, dim_head=16, context_dim=context_dim)
+    x, context = torch.randn(3, 1, 32), torch.randn(3, 40, context_dim or 32)
+    assert attn._absorbs(1, 40, context.shape[-1]) and not attn._absorbs(40, 40, context.shape[-1])
+    mask = torch.rand(3, 4, 1, 40) > 0.5
+    mask[0, 1] = False  # a query that may attend to nothing: output zeros, no bias
+    for m in (None, mask, mask[0, 0, 0]):  # none, per batch and head, one row broadcast everywhere
+        out, weights = attn(x, context, mask=m, need_weights=True)
+        grads = torch.autograd.grad(out.square().sum(), list(attn.parameters()))
+
+        q, k, v = attn._project(x, context)  # the projected form, written out
+        ref, ref_weights = vit.attend(q, k, v, mask=m, need_weights=True)
+        ref = attn.proj(ref.transpose(1, 2).flatten(2))
+        ref_grads = torch.autograd.grad(ref.square().sum(), list(attn.parameters()))
+
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(attn(x, context, mask=m), ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+        # the key bias has no effect (softmax ignores a shift shared by all keys): zero gradient both ways
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)

@@ -128,29 +128,67 @@ class MultiHeadAttention(nn.Module):
         """
         return tuple(part.transpose(1, 2) for part in t.unflatten(-1, (parts, self.heads, self.dim_head)).unbind(2))
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _projections(self) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+        """``(W_q, b_q), (W_kv, b_kv)``: views of the fused ``qkv`` projection, or the ``q`` and ``kv`` ones."""
+        if self.context_dim is not None:
+            return (self.q.weight, self.q.bias), (self.kv.weight, self.kv.bias)
         inner = self.heads * self.dim_head
+        w_q, w_kv = self.qkv.weight.split([inner, 2 * inner])
+        b_q, b_kv = self.qkv.bias.split([inner, 2 * inner]) if self.qkv.bias is not None else (None, None)
+        return (w_q, b_q), (w_kv, b_kv)
+
+    def _check_context(self, context: Tensor) -> None:
+        if self.context_dim is None and context.shape[-1] != self.dim:
+            raise ValueError(
+                f"context width {context.shape[-1]} != dim {self.dim}; "
+                "build the module with context_dim to attend to a context of another width"
+            )
+        if self.context_dim is not None and context.shape[-1] != self.context_dim:
+            raise ValueError(f"context width {context.shape[-1]} != context_dim {self.context_dim}")
+
+    def _absorbs(self, queries: int, keys: int, width: int) -> bool:
+        """Whether folding the key/value projections into the queries costs fewer multiply-adds (per head).
+
+        Projecting keys and values costs ``2 M C d`` and attending ``2 N M d``; folded, the queries and outputs
+        cost ``2 N d C`` and attending over ``C``-wide context vectors ``2 N M C``. So: few queries, long context
+        (the CLS query of a classifier's last block: 1 query, 65 keys).
+        """
+        d = self.dim_head
+        return queries * width * (d + keys) < keys * d * (width + queries)
+
+    def _attend_absorbed(
+        self, x: Tensor, context: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The same attention with ``W_k`` and ``W_v`` moved off the context (the "absorbed" form of MLA).
+
+        ``q . (W_k c + b_k) = (W_k^T q) . c + q . b_k``, and ``q . b_k`` is the same for every key, so softmax
+        ignores it: each head's query is mapped into the context's space and attends to the raw context. The
+        weights sum to 1, so ``sum_j p_j (W_v c_j + b_v) = W_v (sum_j p_j c_j) + b_v``: the weighted context is
+        projected once per query. (Dropout on the weights breaks that sum, so it never takes this path.)
+        """
+        heads, d = self.heads, self.dim_head
+        b, n, m = x.shape[0], x.shape[-2], context.shape[-2]
+        (w_q, b_q), (w_kv, b_kv) = self._projections()
+        w_k, w_v = w_kv.unflatten(0, (2, heads, d)).unbind(0)  # (heads, d, C) each
+        q = F.linear(x, w_q, b_q).unflatten(-1, (heads, d))  # (B, N, heads, d)
+        q = torch.einsum("bnhd,hdc->bhnc", q, w_k).flatten(1, 2)  # (B, heads * N, C): queries in context space
+        if mask is not None:
+            mask = torch.broadcast_to(mask, (b, heads, n, m)).flatten(1, 2)  # (B, heads * N, M)
+        out = attend(q, context, context, mask=mask, scale=d**-0.5, need_weights=need_weights)
+        out, weights = out if need_weights else (out, None)
+        v = torch.einsum("bhnc,hdc->bhnd", out.unflatten(1, (heads, n)), w_v)  # (B, heads, N, d)
+        if b_kv is not None:
+            b_v = b_kv.unflatten(0, (2, heads, 1, d))[1]  # (heads, 1, d)
+            # a fully masked query attends to nothing: its weights sum to 0, and so must its share of b_v
+            v = v + b_v if mask is None else v + mask.any(-1).unflatten(1, (heads, n)).unsqueeze(-1) * b_v
+        return v, None if weights is None else weights.unflatten(1, (heads, n))
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if self.context_dim is None and context is None:
             return self._split_heads(self.qkv(x), 3)
-        if self.context_dim is None:  # same-width context: reuse the k/v rows of the fused projection
-            if context.shape[-1] != self.dim:
-                raise ValueError(
-                    f"context width {context.shape[-1]} != dim {self.dim}; "
-                    "build the module with context_dim to attend to a context of another width"
-                )
-            w_q, w_kv = self.qkv.weight.split([inner, 2 * inner])
-            b_q, b_kv = self.qkv.bias.split([inner, 2 * inner]) if self.qkv.bias is not None else (None, None)
-            q, kv = F.linear(x, w_q, b_q), F.linear(context, w_kv, b_kv)
-        else:
-            if context is None:
-                raise ValueError(
-                    f"this module was built for cross-attention (context_dim={self.context_dim}); pass context"
-                )
-            if context.shape[-1] != self.context_dim:
-                raise ValueError(f"context width {context.shape[-1]} != context_dim {self.context_dim}")
-            q, kv = self.q(x), self.kv(context)
-        (q,) = self._split_heads(q, 1)
-        k, v = self._split_heads(kv, 2)
+        (w_q, b_q), (w_kv, b_kv) = self._projections()
+        (q,) = self._split_heads(F.linear(x, w_q, b_q), 1)
+        k, v = self._split_heads(F.linear(context, w_kv, b_kv), 2)
         return q, k, v
 
     def forward(
@@ -162,12 +200,22 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``x`` ``(B, N, dim)`` to ``context`` (or ``x``); ``mask`` broadcasts to ``(B, heads, N, M)``.
 
-        Returns ``(B, N, dim)``, or ``(output, weights)`` with weights ``(B, heads, N, M)``.
+        Returns ``(B, N, dim)``, or ``(output, weights)`` with weights ``(B, heads, N, M)``. A few queries
+        against a long context (``N`` well below ``dim_head``) take the cheaper absorbed form, same result.
         """
-        q, k, v = self._project(x, context)  # (B, heads, N|M, d)
+        if context is None and self.context_dim is not None:
+            raise ValueError(
+                f"this module was built for cross-attention (context_dim={self.context_dim}); pass context"
+            )
+        if context is not None:
+            self._check_context(context)
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
-        out, weights = out if need_weights else (out, None)
+        if context is not None and dropout_p == 0 and self._absorbs(x.shape[-2], context.shape[-2], context.shape[-1]):
+            out, weights = self._attend_absorbed(x, context, mask, need_weights)
+        else:
+            q, k, v = self._project(x, context)  # (B, heads, N|M, d)
+            out = attend(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
+            out, weights = out if need_weights else (out, None)
         # (B, heads, N, d) -> (B, N, heads * d): free for the fused path, whose output is laid out (B, N, heads, d)
         out = self.proj_drop(self.proj(out.transpose(1, 2).flatten(2)))
         return (out, weights) if need_weights else out

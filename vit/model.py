@@ -117,8 +117,9 @@ class Block(nn.Module):
         """``(B, N, dim) -> (B, N, dim)``; with ``need_weights`` also the attention weights ``(B, heads, N, N)``.
 
         ``queries=q`` computes the outputs of the first ``q`` tokens only, ``(B, q, dim)``: they still attend to
-        all ``N`` tokens, but the query and output projections and the MLP run on ``q`` rows instead of ``N``.
-        The last block of a CLS-pooled classifier needs only token 0, so this saves most of that block.
+        all ``N`` tokens, but the projections and the MLP run on ``q`` rows instead of ``N`` (with few queries
+        the key/value projections fold into the query side, see ``MultiHeadAttention``). The last block of a
+        CLS-pooled classifier needs only token 0, so this saves nearly all of that block.
         """
         h = self.norm1(x)
         if queries is None:
@@ -347,8 +348,8 @@ class ViT(nn.Module):
 
         ``mask`` (boolean, True = may attend) broadcasts to ``(B, heads, 1 + N, 1 + N)``. ``cls_only`` returns
         just the CLS token, ``(B, 1, dim)``, with the same value, at less cost: in the last block only the CLS
-        query is projected and only its row goes through the attention output, the MLP and the final norm
-        (about 5/6 of that block's work is skipped; ``forward`` uses it for ``pool="cls"``).
+        row goes through the projections, the MLP and the final norm, and the other tokens' keys and values are
+        never projected (the key/value weights fold into the CLS query); ``forward`` uses it for ``pool="cls"``.
         """
         x = self._embed(images)
         for block in self.blocks[:-1]:
