@@ -21,6 +21,10 @@ ratios are printed: of the medians, and the median of the per-round ratios (pair
 that changes between rounds).
 Compilation time (the first calls of a compiled model) is printed separately and excluded from the timings.
 fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`` runs under bf16 autocast.
+The process keeps freed memory for reuse (``vit.runtime.keep_freed_memory``, as ``train.py`` does), for all
+three alike: otherwise whichever model's allocation order makes glibc return memory to the OS pays page faults
+on every step (0 to ~54,000 a step measured here, up to ~9% of a step), luck rather than model speed.
+``--system-malloc`` leaves the allocator as it is.
 
 Run (needs the ``bench`` extra: ``pip install -e ".[bench]"``)::
 
@@ -44,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit
+from vit.runtime import keep_freed_memory
 
 IMAGE_SIZE, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, CLASSES = 32, 4, 192, 6, 3, 4, 10
 
@@ -151,7 +156,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast (GPU only)")
     parser.add_argument("--no-compile", action="store_true", help="eager mode only")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per mode (default 7, quick 3)")
+    parser.add_argument("--system-malloc", action="store_true", help="leave glibc's malloc settings as they are")
     args = parser.parse_args()
+    kept = False if args.system_malloc else keep_freed_memory()
 
     device = torch.device(args.device)
     if args.dtype == "bf16" and device.type != "cuda":
@@ -174,7 +181,7 @@ def main() -> None:
     warmup = 2 if args.quick else 3
 
     print(f"torch {torch.__version__}, device {device}, dtype {args.dtype}, threads {threads}, "
-          f"batch {args.batch_size}, rounds {rounds}")
+          f"batch {args.batch_size}, rounds {rounds}, freed memory kept: {kept}")
     models = {k: m.to(device) for k, m in build_models().items()}
     for label, model in models.items():
         print(f"  {label:<12} {count_params(model):>10,d} parameters")

@@ -19,6 +19,7 @@ from vit.callbacks import LastCheckpoint
 from vit.checkpoint import CONFIG_KEY, load_checkpoint_file
 from vit.data import CIFAR10DataModule
 from vit.lightning import ViTClassifier
+from vit.runtime import keep_freed_memory
 
 
 class ArgumentParser(LightningArgumentParser):
@@ -189,7 +190,11 @@ def main(args: list[str] | None = None) -> ViTCLI:
     A bad argument, file or setting exits with status 2 after one ``error: ...`` line on stderr, as argument
     errors do (``SystemExit``, the original exception as its ``__cause__``). Errors raised inside the training
     and evaluation loops keep their traceback: they are failures of a run, not of its arguments.
+
+    The process keeps freed memory for reuse (:func:`vit.runtime.keep_freed_memory`): a run owns its process,
+    and CPU training steps then stop paying page faults for activations allocated anew every step.
     """
+    keep_freed_memory()
     try:
         return ViTCLI(
             ViTClassifier,
