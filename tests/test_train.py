@@ -57,6 +57,10 @@ def test_validate_uses_checkpoint_and_explicit_args_win(fake_data, run_dir):
     validated = main(["validate", "--ckpt_path", last, *data_args(fake_data), "--model.tta_flip", "true"])
     assert "val/acc" in validated.trainer.callback_metrics
     assert validated.model.hparams.tta_flip and validated.model.model.dim == 32
+    # without a logger there is no run folder, and nothing lands in the working directory either
+    before = set(os.listdir())
+    main(["validate", "--ckpt_path", last, *data_args(fake_data), "--trainer.logger", "false"])
+    assert set(os.listdir()) == before
 
 
 def test_print_config_shows_the_full_config(capsys):

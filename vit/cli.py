@@ -13,7 +13,8 @@ from pathlib import Path
 
 import lightning.pytorch.loops
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from vit.callbacks import LastCheckpoint
 from vit.checkpoint import CONFIG_KEY, load_checkpoint_file
@@ -113,6 +114,12 @@ class ViTCLI(LightningCLI):
                 self.model.load_state_dict(ckpt["state_dict"])  # as the trainer will, pos_embed resampling included
             except RuntimeError:
                 raise ValueError(self._mismatch_message(path, ckpt)) from None
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if trainer.logger is None:  # no run folder: the config would otherwise land in the working directory
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, SaveConfigCallback)]
+        return trainer
 
     def _mismatch_message(self, path: str, ckpt: dict) -> str:
         """Which tensors differ between a checkpoint and the model, and which arguments made them differ."""
