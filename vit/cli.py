@@ -12,8 +12,8 @@ import traceback
 from pathlib import Path
 
 import lightning.pytorch.loops
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from vit.callbacks import LastCheckpoint
@@ -62,6 +62,8 @@ class ViTCLI(LightningCLI):
     - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments come from the
       checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
       folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name.
+    - With ``--trainer.logger false`` there is no run folder, so no ``config.yaml`` is written (rather than
+      one dropped into the working directory).
     - Bad arguments fail before any training: unknown options name the closest known one, a checkpoint that
       does not fit the model names the tensors that differ, and a command that fails before writing a
       checkpoint or a metric leaves no run folder behind.
