@@ -15,10 +15,10 @@ Measured, in images/s (median over rounds), for each model in eager mode and und
   stays eager, as in a Lightning run of ``vit.ViTClassifier``.
 * ``infer``: a forward pass in ``eval()`` mode under ``torch.inference_mode``.
 
-The contenders run interleaved in one process (round 1: vit, timm, vit-pytorch; round 2: ...), after warmup,
-so that a noisy machine slows all three alike; each ratio compares the same mode against the same mode. Two
-ratios are printed: of the medians, and the median of the per-round ratios (paired, so less sensitive to load
-that changes between rounds).
+The contenders run interleaved in one process, after warmup (round 1: vit, timm, vit-pytorch; round 2: timm,
+vit-pytorch, vit; the order rotates), so that a noisy machine slows all three alike; each ratio compares the same
+mode against the same mode. Two ratios are printed: of the medians, and the median of the per-round ratios
+(paired, so less sensitive to load that changes between rounds).
 Compilation time (the first calls of a compiled model) is printed separately and excluded from the timings.
 fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`` runs under bf16 autocast.
 The process keeps freed memory for reuse (``vit.runtime.keep_freed_memory``, as ``train.py`` does), for all
@@ -127,8 +127,11 @@ def run_mode(
         sync(device)
         print(f"  [{name}] warmup {label:<12} {time.perf_counter() - start:7.1f} s", flush=True)
     rates: dict[str, list[float]] = {label: [] for label in steps}
+    labels = list(steps)
     for r in range(rounds):
-        for label, step in steps.items():
+        # rotate who goes first, so that no contender always runs in the same place of a round
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            step = steps[label]
             sync(device)
             start = time.perf_counter()
             for _ in range(iters):
