@@ -7,7 +7,7 @@ import pytest
 # Allocates and frees the same eight 8 MB buffers six times, as training steps do, and prints the page faults
 # of each round.
 ROUNDS = """
-import resource, sys, torch
+import resource, torch
 from vit.runtime import keep_freed_memory
 print(keep_freed_memory())
 for _ in range(6):

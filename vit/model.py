@@ -117,9 +117,10 @@ class Block(nn.Module):
         """``(B, N, dim) -> (B, N, dim)``; with ``need_weights`` also the attention weights ``(B, heads, N, N)``.
 
         ``queries=q`` computes the outputs of the first ``q`` tokens only, ``(B, q, dim)``: they still attend to
-        all ``N`` tokens, but the projections and the MLP run on ``q`` rows instead of ``N`` (with few queries
-        the key/value projections fold into the query side, see ``MultiHeadAttention``). The last block of a
-        CLS-pooled classifier needs only token 0, so this saves nearly all of that block.
+        all ``N`` tokens, but the query and output projections and the MLP run on ``q`` rows instead of ``N``,
+        and for few queries the key/value projections fold into the query side instead of running on all ``N``
+        (see ``MultiHeadAttention``). The last block of a CLS-pooled classifier needs only token 0, so this
+        saves nearly all of that block.
         """
         h = self.norm1(x)
         if queries is None:
