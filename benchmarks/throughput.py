@@ -24,7 +24,7 @@ fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`
 The process keeps freed memory for reuse (``vit.runtime.keep_freed_memory``, as ``train.py`` does), for all
 three alike: otherwise whichever model's allocation order makes glibc return memory to the OS pays page faults
 on every step (0 to ~54,000 a step measured here, up to ~9% of a step), luck rather than model speed.
-``--system-malloc`` leaves the allocator as it is.
+``--system-malloc`` leaves the allocator as it is; each mode prints the median page faults per step.
 
 Run (needs the ``bench`` extra: ``pip install -e ".[bench]"``)::
 
@@ -42,6 +42,11 @@ import os
 import statistics
 import time
 from typing import Callable
+
+try:
+    import resource  # Unix only: page-fault counts
+except ImportError:
+    resource = None
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +93,11 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (first touches of fresh memory); 0 where not reported."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -127,22 +137,26 @@ def run_mode(
         sync(device)
         print(f"  [{name}] warmup {label:<12} {time.perf_counter() - start:7.1f} s", flush=True)
     rates: dict[str, list[float]] = {label: [] for label in steps}
+    faults: dict[str, list[float]] = {label: [] for label in steps}  # minor page faults per step
     labels = list(steps)
     for r in range(rounds):
         # rotate who goes first, so that no contender always runs in the same place of a round
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:
             step = steps[label]
             sync(device)
-            start = time.perf_counter()
+            start, faulted = time.perf_counter(), minor_faults()
             for _ in range(iters):
                 step()
             sync(device)
             rates[label].append(batch * iters / (time.perf_counter() - start))
+            faults[label].append((minor_faults() - faulted) / iters)
         print(f"  [{name}] round {r + 1}/{rounds}: " + "  ".join(f"{k} {v[-1]:7.1f}" for k, v in rates.items()),
               flush=True)
     medians = {label: statistics.median(v) for label, v in rates.items()}
     peers = [label for label in medians if label != "vit"]
     print(f"{name}: median images/s  " + "  ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+    print(f"{name}: median page faults per step  "
+          + "  ".join(f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()))
     print(f"{name}: ratio " + "  ".join(f"vit/{p} {medians['vit'] / medians[p]:.2f}x" for p in peers), flush=True)
     # Paired: the ratio within each round (neighbours in time share the machine's load), then its median.
     paired = {p: statistics.median(a / b for a, b in zip(rates["vit"], rates[p])) for p in peers}
