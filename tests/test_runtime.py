@@ -25,3 +25,10 @@ def test_freed_memory_is_reused_without_page_faults():
     faults = [int(n) for n in out[1:]]
     assert faults[0] > 10_000  # the first round touches 64 MB of new pages
     assert sum(faults[-3:]) < faults[0] / 10  # later rounds reuse them
+
+
+def test_trim_threshold_out_of_range_is_named():
+    from vit.runtime import keep_freed_memory
+
+    with pytest.raises(ValueError, match=r"trim_threshold must be in \[0, 2\*\*31\) bytes, got 4294967296"):
+        keep_freed_memory(2**32)

@@ -137,7 +137,13 @@ class MultiHeadAttention(nn.Module):
         b_q, b_kv = self.qkv.bias.split([inner, 2 * inner]) if self.qkv.bias is not None else (None, None)
         return (w_q, b_q), (w_kv, b_kv)
 
-    def _check_context(self, context: Tensor) -> None:
+    def _check_context(self, context: Tensor | None) -> None:
+        if context is None:
+            if self.context_dim is not None:
+                raise ValueError(
+                    f"this module was built for cross-attention (context_dim={self.context_dim}); pass context"
+                )
+            return
         if self.context_dim is None and context.shape[-1] != self.dim:
             raise ValueError(
                 f"context width {context.shape[-1]} != dim {self.dim}; "
@@ -203,12 +209,7 @@ class MultiHeadAttention(nn.Module):
         Returns ``(B, N, dim)``, or ``(output, weights)`` with weights ``(B, heads, N, M)``. A few queries
         against a long context (``N`` well below ``dim_head``) take the cheaper absorbed form, same result.
         """
-        if context is None and self.context_dim is not None:
-            raise ValueError(
-                f"this module was built for cross-attention (context_dim={self.context_dim}); pass context"
-            )
-        if context is not None:
-            self._check_context(context)
+        self._check_context(context)
         dropout_p = self.attn_dropout if self.training else 0.0
         if context is not None and dropout_p == 0 and self._absorbs(x.shape[-2], context.shape[-2], context.shape[-1]):
             out, weights = self._attend_absorbed(x, context, mask, need_weights)

@@ -27,6 +27,8 @@ def keep_freed_memory(trim_threshold: int = 2**30) -> bool:
 
     Returns whether it applied (glibc on Linux); elsewhere it changes nothing and returns False.
     """
+    if not 0 <= trim_threshold < 2**31:  # mallopt takes a C int
+        raise ValueError(f"trim_threshold must be in [0, 2**31) bytes, got {trim_threshold}")
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
