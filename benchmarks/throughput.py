@@ -18,7 +18,7 @@ Measured, in images/s (median over rounds), for each model in eager mode and und
 The contenders run interleaved in one process, after warmup (round 1: vit, timm, vit-pytorch; round 2: timm,
 vit-pytorch, vit; the order rotates), so that a noisy machine slows all three alike; each ratio compares the same
 mode against the same mode. Two ratios are printed: of the medians, and the median of the per-round ratios
-(paired, so less sensitive to load that changes between rounds).
+(paired, so less sensitive to load that changes between rounds), with the quartiles of the per-round ratios.
 Compilation time (the first calls of a compiled model) is printed separately and excluded from the timings.
 fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`` runs under bf16 autocast.
 The process keeps freed memory for reuse (``vit.runtime.keep_freed_memory``, as ``train.py`` does), for all
@@ -98,6 +98,14 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
+def quartiles(values: list[float]) -> str:
+    """First and third quartiles, e.g. ``1.15-1.26``; a single value stands for both."""
+    if len(values) < 2:
+        return f"{values[0]:.2f}-{values[0]:.2f}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{q1:.2f}-{q3:.2f}"
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -159,9 +167,10 @@ def run_mode(
           + "  ".join(f"{k} {statistics.median(v):,.0f}" for k, v in faults.items()))
     print(f"{name}: ratio " + "  ".join(f"vit/{p} {medians['vit'] / medians[p]:.2f}x" for p in peers), flush=True)
     # Paired: the ratio within each round (neighbours in time share the machine's load), then its median.
-    paired = {p: statistics.median(a / b for a, b in zip(rates["vit"], rates[p])) for p in peers}
-    print(f"{name}: median of per-round ratios " + "  ".join(f"vit/{p} {r:.2f}x" for p, r in paired.items()),
-          flush=True)
+    # Their quartiles show how far one run of this benchmark can be trusted on this machine.
+    paired = {p: [a / b for a, b in zip(rates["vit"], rates[p])] for p in peers}
+    print(f"{name}: median of per-round ratios " + "  ".join(
+        f"vit/{p} {statistics.median(r):.2f}x (quartiles {quartiles(r)})" for p, r in paired.items()), flush=True)
     return medians
 
 
