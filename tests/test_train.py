@@ -4,12 +4,14 @@ import csv
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import vit
 from conftest import REPO, SMOKE, data_args
+from vit.callbacks import TrainingSpeed
 from vit.cli import main
 
 
@@ -26,7 +28,10 @@ def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
     assert (run_dir / "config.yaml").is_file()
     with open(run_dir / "metrics.csv") as f:
         columns = next(csv.reader(f))
-    assert {"train/loss", "val/acc", "val/acc_top5", "lr-AdamW/decay"} <= set(columns)
+    assert {"train/loss", "val/acc", "val/acc_top5", "lr-AdamW/decay", "train/images_per_s"} <= set(columns)
+    with open(run_dir / "metrics.csv") as f:
+        speeds = [float(row["train/images_per_s"]) for row in csv.DictReader(f) if row["train/images_per_s"]]
+    assert len(speeds) == 2 and all(s > 0 for s in speeds)  # one per epoch
 
     # test with the checkpoint alone: the architecture (dim 32, depth 2) comes from the file
     tested = main(["test", "--ckpt_path", str(ckpts / "last.ckpt"), *data_args(fake_data)])
@@ -49,6 +54,23 @@ def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
     assert resumed.trainer.global_step == 12
     assert resumed.trainer.log_dir == str(run_dir)
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 12
+
+
+def test_training_speed_times_training_batches_only(monkeypatch):
+    """Images per second over an epoch: the first batch (compilation, warmup) and validation stay off the clock."""
+    clock = iter([10.0, 12.0, 100.0, 101.0])  # every read of the time the callback may make, in order
+    monkeypatch.setattr("vit.callbacks.time.perf_counter", lambda: next(clock))
+    logged = {}
+    module = SimpleNamespace(device=torch.device("cpu"), log=lambda name, value, **kw: logged.update({name: value}))
+    speed, batch = TrainingSpeed(), (torch.zeros(8, 3, 32, 32), torch.zeros(8))
+    speed.on_train_epoch_start(None, module)
+    speed.on_train_batch_end(None, module, None, batch, 0)  # t=10: the clock starts, this batch is not timed
+    speed.on_train_batch_end(None, module, None, batch, 1)  # 8 images
+    speed.on_validation_start(None, module)                 # t=12: stops (2 s so far); validation runs until 100
+    speed.on_train_batch_end(None, module, None, batch, 2)  # t=100: restarts, this batch is not timed
+    speed.on_train_batch_end(None, module, None, batch, 3)  # 8 images
+    speed.on_train_epoch_end(None, module)                  # t=101: 1 s more
+    assert logged == {"train/images_per_s": 16 / 3}
 
 
 def test_validate_uses_checkpoint_and_explicit_args_win(fake_data, run_dir):

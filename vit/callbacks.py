@@ -1,8 +1,10 @@
-"""Training callbacks and plugins that belong to no model: the rolling ``last.ckpt``, written atomically."""
+"""Training callbacks and plugins that belong to no model: the rolling ``last.ckpt``, written atomically, and the
+training speed in images per second."""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
@@ -41,6 +43,50 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._save_now(trainer)
+
+
+class TrainingSpeed(Callback):
+    """Logs ``train/images_per_s``: training images per second of wall time in each epoch.
+
+    The clock runs from the end of an epoch's first training batch (so ``torch.compile`` and other one-off
+    work stay out) to the end of its last, and stops while validation runs: it covers loading, augmenting and
+    the optimisation steps. It waits for the GPU only where it starts and stops, never between steps, so the
+    measurement does not slow training down. Each process counts its own images; under DDP the logged value is
+    the mean over processes, so the whole job trains at ``images_per_s x devices``.
+    """
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._images = 0
+        self._seconds = 0.0
+
+    @staticmethod
+    def _now(pl_module) -> float:
+        if pl_module.device.type == "cuda":  # steps run asynchronously: count what the GPU has finished
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def _stop(self, pl_module) -> None:
+        if self._start is not None:
+            self._seconds += self._now(pl_module) - self._start
+            self._start = None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._start, self._images, self._seconds = None, 0, 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._start is None:
+            self._start = self._now(pl_module)  # this batch is not timed, so it does not count
+        else:
+            self._images += len(batch[1])
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._stop(pl_module)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._stop(pl_module)
+        if self._images:
+            pl_module.log("train/images_per_s", self._images / self._seconds, sync_dist=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -92,7 +92,10 @@ class ViTCLI(LightningCLI):
                     "class_path": "lightning.pytorch.loggers.CSVLogger",
                     "init_args": {"save_dir": "runs", "name": "vit"},
                 },
-                "trainer.callbacks": [{"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"}],
+                "trainer.callbacks": [
+                    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"},
+                    {"class_path": "vit.callbacks.TrainingSpeed"},
+                ],
                 "trainer.plugins": [{"class_path": "vit.callbacks.AtomicCheckpointIO"}],
             }
         )
