@@ -152,6 +152,20 @@ def test_state_dict_of_another_size_loads_resized():
     assert target.image_size == (32, 32)
 
 
+def test_loaded_models_come_back_ready_to_predict(tmp_path):
+    """A run's config keeps its training-only randomness (patch_drop here): loaders return eval mode, so two
+    forwards of the same images agree, and agree with the trained model's own evaluation."""
+    trained = small_vit(patch_drop=0.75, dropout=0.1).eval()
+    path = tmp_path / "run.ckpt"
+    state = {f"model.{name}": tensor for name, tensor in trained.state_dict().items()}
+    torch.save({"state_dict": state, "vit_config": trained.config}, path)
+    trained.save_safetensors(tmp_path / "vit.safetensors")
+    images = torch.randn(4, 3, 16, 16)
+    for model in (vit.ViT.from_checkpoint(path), vit.ViT.from_safetensors(tmp_path / "vit.safetensors")):
+        assert not model.training
+        torch.testing.assert_close(model(images), trained(images))
+
+
 def test_state_dict_of_another_architecture_names_tensors_and_shapes():
     with pytest.raises(RuntimeError, match=r"size mismatch for blocks\.0\.attn\.qkv\.weight.*\[144, 48\]"):
         small_vit().load_state_dict(small_vit(dim=48).state_dict())

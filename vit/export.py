@@ -37,7 +37,8 @@ def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
 
 
 def load_safetensors(path: str | os.PathLike) -> ViT:
-    """The ``ViT`` saved by :func:`save_safetensors` at ``path``: config from the header, then the weights."""
+    """The ``ViT`` saved by :func:`save_safetensors` at ``path``, in eval mode: config from the header, then the
+    weights."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
@@ -51,7 +52,7 @@ def load_safetensors(path: str | os.PathLike) -> ViT:
         )
     model = ViT(**json.loads(metadata[CONFIG_KEY]))
     model.load_state_dict(state)
-    return model
+    return model.eval()  # as ViT.from_checkpoint: ready to predict, no training-only randomness
 
 
 def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None:

@@ -272,13 +272,17 @@ class ViT(nn.Module):
         ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one.
         ``image_size`` adapts the model to another input size (see :meth:`resize_pos_embed`). The file is read
         with ``torch.load(weights_only=True)``: loading it cannot run code.
+
+        The model comes back in eval mode, ready to predict: a run's config may hold training-only randomness
+        (``patch_drop`` drops tokens, ``dropout``) that would otherwise make every forward differ. Call
+        ``.train()`` to fine-tune it.
         """
         config, state = vit_weights(load_checkpoint_file(path), path, weights)
         model = cls(**config)
         model.load_state_dict(state)
         if image_size is not None:
             model.resize_pos_embed(image_size)
-        return model
+        return model.eval()
 
     @classmethod
     def from_timm(cls, model_or_state_dict: nn.Module | dict[str, Tensor], **kwargs) -> "ViT":
@@ -293,7 +297,8 @@ class ViT(nn.Module):
 
     @classmethod
     def from_safetensors(cls, path: str | os.PathLike) -> "ViT":
-        """Load a model written by :meth:`save_safetensors`: config and weights, no pickle involved."""
+        """Load a model written by :meth:`save_safetensors`: config and weights, no pickle involved; in eval mode,
+        as :meth:`from_checkpoint`."""
         from vit.export import load_safetensors
 
         return load_safetensors(path)
