@@ -79,6 +79,11 @@ def test_validate_uses_checkpoint_and_explicit_args_win(fake_data, run_dir):
     validated = main(["validate", "--ckpt_path", last, *data_args(fake_data), "--model.tta_flip", "true"])
     assert "val/acc" in validated.trainer.callback_metrics
     assert validated.model.hparams.tta_flip and validated.model.model.dim == 32
+    # "last" and "best" name the newest run's files, not an untrained model
+    explicit = main(["test", "--ckpt_path", last, *data_args(fake_data)]).trainer.callback_metrics
+    for name in ("last", "best"):
+        named = main(["test", "--config", SMOKE, "--ckpt_path", name, *data_args(fake_data)])
+        assert named.trainer.callback_metrics["test/loss"] == explicit["test/loss"]  # one epoch: best is last
     # without a logger there is no run folder, and nothing lands in the working directory either
     before = set(os.listdir())
     main(["validate", "--ckpt_path", last, *data_args(fake_data), "--trainer.logger", "false"])

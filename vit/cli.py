@@ -61,7 +61,8 @@ class ViTCLI(LightningCLI):
       (highest validation accuracy) and ``checkpoints/last.ckpt``.
     - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments come from the
       checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
-      folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name.
+      folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name, and
+      ``test``/``validate --ckpt_path last|best`` evaluate that run's ``last.ckpt`` or ``best.ckpt``.
     - With ``--trainer.logger false`` there is no run folder, so no ``config.yaml`` is written (rather than
       one dropped into the working directory).
     - Bad arguments fail before any training: unknown options name the closest known one, a checkpoint that
@@ -160,8 +161,10 @@ class ViTCLI(LightningCLI):
         if not subcommand:
             return
         ckpt_path = self.config[subcommand].get("ckpt_path")
-        if subcommand == "fit" and ckpt_path == "last":
-            ckpt_path = self._newest_last_checkpoint()
+        # "last" (and, to evaluate, "best") name the newest run's file: in a fresh process Lightning itself has no
+        # checkpoint of that name, and would evaluate the untrained model or fail with a misleading message
+        if ckpt_path == "last" or (ckpt_path == "best" and subcommand in ("validate", "test")):
+            ckpt_path = self._newest_checkpoint(ckpt_path)
             self.config[subcommand]["ckpt_path"] = ckpt_path
         if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
             return
@@ -173,6 +176,7 @@ class ViTCLI(LightningCLI):
                 {f"model.{k}": list(v) if isinstance(v, tuple) else v for k, v in hparams.items()}
             )
             self.config = self.parser.parse_args(self._cli_args)
+            self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
         if subcommand == "fit":
             self._resume_into(Path(ckpt_path))
 
@@ -180,12 +184,13 @@ class ViTCLI(LightningCLI):
         logger = self.config[self.config.subcommand].trainer.logger
         return logger.init_args if hasattr(logger, "init_args") else None
 
-    def _newest_last_checkpoint(self) -> str:
+    def _newest_checkpoint(self, name: str) -> str:
+        """``checkpoints/<name>.ckpt`` of the newest run of the configured logger name."""
         args = self._logger_args()
         root = Path(args.save_dir) / args.name if args is not None else Path("runs")
-        found = sorted(root.glob("version_*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        found = sorted(root.glob(f"version_*/checkpoints/{name}.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise FileNotFoundError(f"--ckpt_path last: no {root}/version_*/checkpoints/last.ckpt to resume from")
+            raise FileNotFoundError(f"--ckpt_path {name}: no {root}/version_*/checkpoints/{name}.ckpt found")
         return str(found[-1])
 
     def _resume_into(self, ckpt_path: Path) -> None:
