@@ -190,7 +190,8 @@ class ViTCLI(LightningCLI):
         root = Path(args.save_dir) / args.name if args is not None else Path("runs")
         found = sorted(root.glob(f"version_*/checkpoints/{name}.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
-            raise FileNotFoundError(f"--ckpt_path {name}: no {root}/version_*/checkpoints/{name}.ckpt found")
+            purpose = "resume from" if self.config.subcommand == "fit" else "evaluate"
+            raise FileNotFoundError(f"--ckpt_path {name}: no {root}/version_*/checkpoints/{name}.ckpt to {purpose}")
         return str(found[-1])
 
     def _resume_into(self, ckpt_path: Path) -> None:
