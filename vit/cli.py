@@ -107,9 +107,17 @@ class ViTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand == "fit":
-            max_epochs = self.config.fit.trainer.max_epochs
+            trainer = self.config.fit.trainer
+            max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
             if max_epochs is not None and max_epochs != -1 and max_epochs < 1:
                 raise ValueError(f"trainer.max_epochs must be positive (or -1 for no limit), got {max_epochs}")
+            if max_epochs is None:  # Lightning's default: 1000 epochs, unless max_steps or max_time bounds the run
+                max_epochs = 1000 if max_steps == -1 and trainer.max_time is None else -1
+            if max_epochs == -1 and max_steps in (None, -1):
+                raise ValueError(
+                    "the warmup + cosine schedule needs the run's length: set trainer.max_epochs or "
+                    "trainer.max_steps (max_time still stops the run early, mid-schedule)"
+                )
 
     def after_instantiate_classes(self) -> None:
         # Fail before the run starts (and before its folder is made) when the checkpoint does not fit the model.
