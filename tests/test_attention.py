@@ -38,6 +38,11 @@ def test_plain_2d_tensors_like_the_textbook():
     mask = torch.rand(4, 6) > 0.3
     mask[:, 0] = True
     torch.testing.assert_close(vit.attend(q, k, v, mask=mask), vit.attend(q, k, v, mask=mask, need_weights=True)[0])
+    keys = torch.tensor([True, False, True, True, False, True])  # a key mask: the same for every query
+    expected = vit.attend(q, k, v, mask=keys.expand(4, 6))
+    torch.testing.assert_close(vit.attend(q, k, v, mask=keys), expected)
+    torch.testing.assert_close(vit.attend(q, k, v, mask=keys, need_weights=True)[0], expected)
+    torch.testing.assert_close(vit.attend(q[None], k[None], v[None], mask=keys)[0], expected)
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.1, 3.0])

@@ -199,3 +199,5 @@ def test_forward_intermediates():
         model.forward_intermediates(images, layers=[0, 3])
     with pytest.raises(ValueError, match="layers=4"):
         model.forward_intermediates(images, layers=4)
+    with pytest.raises(ValueError, match="empty list"):
+        model.forward_intermediates(images, layers=[])

@@ -197,6 +197,14 @@ def test_cls_blind_to_patches_under_a_mask():
     assert not torch.allclose(model(a), model(b))
 
 
+def test_a_key_mask_applies_to_every_query():
+    model = small_vit().eval()
+    keys = torch.rand(17) > 0.3
+    keys[0] = True
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(model(images, mask=keys), model(images, mask=keys.expand(17, 17)))
+
+
 # ---- errors a user can act on ------------------------------------------------------------------------------
 
 
@@ -211,6 +219,8 @@ def test_cls_blind_to_patches_under_a_mask():
         (dict(drop_path=1.5), ValueError, "drop_path must be in"),
         (dict(init="xavier"), ValueError, "unknown init 'xavier'"),
         (dict(dim=18, heads=2, init="mimetic"), ValueError, "needs dim divisible by 4"),
+        (dict(mlp_ratio=-1.0), ValueError, "mlp_ratio must give the MLP at least one hidden unit, got -1.0"),
+        (dict(image_size=0), ValueError, r"image_size must be positive, got \[0, 0\]"),
     ],
 )
 def test_bad_config(kwargs, error, message):
@@ -226,6 +236,8 @@ def test_bad_config(kwargs, error, message):
         (torch.zeros(2, 3, 16, 16, dtype=torch.uint8), TypeError, "expected floating-point images, got torch.uint8"),
         (torch.randn(3, 16, 16), ValueError, r"shape \(B, C, H, W\)"),
         ([[1.0]], TypeError, "expected a torch.Tensor"),
+        (torch.randn(2, 3, 16, 16, dtype=torch.float64), TypeError,
+         r"images are torch.float64 but the model's weights are torch.float32; convert with images.to"),
     ],
 )
 def test_bad_input(images, error, message):

@@ -46,6 +46,8 @@ def attend(
         raise ValueError(f"{k.shape[-2]} keys but {v.shape[-2]} values: they must pair up")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    if mask is not None and mask.dim() < 2:  # a key mask (Nk,) or one flag: spell out (Nq, Nk), as SDPA needs
+        mask = mask.expand(q.shape[-2], k.shape[-2])
 
     # A fully masked row would give softmax(-inf, ..., -inf) = NaN: let it see every key, then zero it.
     empty = None

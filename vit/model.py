@@ -194,6 +194,10 @@ class ViT(nn.Module):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if num_classes < 0:
             raise ValueError(f"num_classes must be >= 0 (0 = no head), got {num_classes}")
+        if min(image_size) < 1:
+            raise ValueError(f"image_size must be positive, got {list(image_size)}")
+        if not int(dim * mlp_ratio) >= 1:
+            raise ValueError(f"mlp_ratio must give the MLP at least one hidden unit, got {mlp_ratio} (dim {dim})")
         if any(side % patch_size for side in image_size):
             side = next(side for side in image_size if side % patch_size)
             raise ValueError(f"image_size {side} is not divisible by patch_size {patch_size}")
@@ -323,6 +327,12 @@ class ViT(nn.Module):
             )
         if images.dim() != 4:
             raise ValueError(f"expected images of shape (B, C, H, W), got shape {tuple(images.shape)}")
+        weights = self.pos_embed.dtype
+        if images.dtype != weights and not torch.is_autocast_enabled(images.device.type):
+            raise TypeError(
+                f"images are {images.dtype} but the model's weights are {weights}; convert with images.to({weights})"
+                " or run under torch.autocast"
+            )
         if images.shape[1] != self.in_channels:
             raise ValueError(
                 f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})"
@@ -386,6 +396,8 @@ class ViT(nn.Module):
                 raise ValueError(f"layers={layers}: the model has {depth} blocks, ask for 1 to {depth}")
             indices = list(range(depth - layers, depth))
         else:
+            if not layers:
+                raise ValueError("layers is an empty list: name at least one block index")
             bad = [i for i in layers if not -depth <= i < depth]
             if bad:
                 raise ValueError(f"block indices {bad} out of range for a model with {depth} blocks")
@@ -404,6 +416,8 @@ class ViT(nn.Module):
         ``pos_embed`` becomes a new Parameter: build optimizers after calling this.
         """
         image_size = _pair(image_size)
+        if min(image_size) < 1:
+            raise ValueError(f"image_size must be positive, got {list(image_size)}")
         if any(side % self.patch_size for side in image_size):
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {self.patch_size}")
         grid_size = (image_size[0] // self.patch_size, image_size[1] // self.patch_size)
