@@ -104,6 +104,8 @@ CLI_CASES = [
      ValueError, r"max_epochs must be positive \(or -1 for no limit\), got 0"),
     ("epochs-negative", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--trainer.max_epochs", "-3"],
      ValueError, r"max_epochs must be positive \(or -1 for no limit\), got -3"),
+    ("predict", lambda t, d, c, m: ["predict", "--ckpt_path", str(c), *data_args(d)],
+     None, r"invalid choice: 'predict'.*; to classify image files: vit-predict --ckpt_path"),
     ("time-only", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--trainer.max_epochs", "-1",
                                       "--trainer.max_time", "00:00:00:20"],
      ValueError, r"schedule needs the run's length: set trainer.max_epochs or trainer.max_steps"),

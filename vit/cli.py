@@ -28,6 +28,8 @@ class ArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None):
         message += _did_you_mean(message, self)
+        if "invalid choice: 'predict'" in message:  # Lightning's CLIs have one; here it is its own command
+            message += "; to classify image files: vit-predict --ckpt_path CKPT IMAGE_OR_FOLDER ..."
         if not self.exit_on_error:
             return super().error(message, ex)  # raises ArgumentError, as configured
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
@@ -78,6 +80,11 @@ class ViTCLI(LightningCLI):
         except BaseException:
             self._remove_run_folder_without_results()
             raise
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit``, ``validate`` and ``test``; images are classified by ``vit-predict``, so no ``predict`` loop."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
