@@ -61,8 +61,8 @@ class ViTCLI(LightningCLI):
 
     - Runs live in ``runs/<name>/version_<n>/``: ``config.yaml``, ``metrics.csv``, ``checkpoints/best.ckpt``
       (highest validation accuracy) and ``checkpoints/last.ckpt``.
-    - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments come from the
-      checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
+    - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments and the run's
+      validation split (``data.val_size``) come from the checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
       folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name, and
       ``test``/``validate --ckpt_path last|best`` evaluate that run's ``last.ckpt`` or ``best.ckpt``.
     - With ``--trainer.logger false`` there is no run folder, so no ``config.yaml`` is written (rather than
@@ -186,10 +186,13 @@ class ViTCLI(LightningCLI):
         ckpt = load_checkpoint_file(ckpt_path)  # a clear error for a missing, foreign or unsafe file
         self._ckpt = (ckpt_path, ckpt)
         hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
-        if hparams:
-            self.parser._subcommands_action._name_parser_map[subcommand].set_defaults(
-                {f"model.{k}": list(v) if isinstance(v, tuple) else v for k, v in hparams.items()}
-            )
+        defaults = {f"model.{k}": list(v) if isinstance(v, tuple) else v for k, v in hparams.items()}
+        # the run's validation split too: another val_size would validate on images the run trained on
+        val_size = ckpt.get("datamodule_hyper_parameters", {}).get("val_size")
+        if val_size is not None:
+            defaults["data.val_size"] = val_size
+        if defaults:
+            self.parser._subcommands_action._name_parser_map[subcommand].set_defaults(defaults)
             self.config = self.parser.parse_args(self._cli_args)
             self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
         if subcommand == "fit":
