@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -76,3 +77,31 @@ def test_exit_code_is_nonzero_only_when_every_file_fails(tmp_path, inputs):
     _, broken = inputs
     save_checkpoint(tmp_path / "run.ckpt")
     assert predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(broken), str(tmp_path / "missing.png")]) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-size", "0"], "--batch-size must be positive, got 0"),
+        (["--ckpt_path", "{tmp}/nope.ckpt"], r"checkpoint '.*nope.ckpt' does not exist"),
+        (["--ckpt_path", "{tmp}/bad.safetensors"], r"'.*bad.safetensors' is not a readable safetensors file"),
+    ],
+)
+def test_bad_arguments_are_one_error_line(tmp_path, inputs, capsys, args, message):
+    folder, _ = inputs
+    save_checkpoint(tmp_path / "run.ckpt")
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 64)
+    argv = ["--ckpt_path", str(tmp_path / "run.ckpt"), str(folder)] + [a.format(tmp=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        predict.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and re.search(message, err) and "Traceback" not in err
+
+
+def test_attention_maps_needs_at_least_one_image(tmp_path, capsys):
+    from vit import attention_maps
+
+    save_checkpoint(tmp_path / "run.ckpt")
+    with pytest.raises(SystemExit):
+        attention_maps.main(["--ckpt_path", str(tmp_path / "run.ckpt"), "--num-images", "0"])
+    assert "--num-images must be positive, got 0" in capsys.readouterr().err

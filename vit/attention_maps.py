@@ -17,7 +17,7 @@ from torch import Tensor
 
 from vit.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
 from vit.model import ViT
-from vit.predict import class_names, load_image, load_model, predict
+from vit.predict import class_names, load_image, load_model_or_exit, predict
 from vit.rollout import attention_rollout
 
 TILE = 128  # images are shown at least this tall: CIFAR-10's 32 pixels are too small to read
@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.files and args.data_dir:
         parser.error("pass image files or --data-dir, not both")
+    if args.num_images < 1:
+        parser.error(f"--num-images must be positive, got {args.num_images}")
 
-    model = load_model(args.ckpt_path, weights=args.weights)
+    model = load_model_or_exit(parser, args.ckpt_path, args.weights)
     if args.files:
         images = torch.stack([load_image(path, model.image_size) for path in args.files])
         truths = [""] * len(images)

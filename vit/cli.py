@@ -62,9 +62,10 @@ class ViTCLI(LightningCLI):
     - Runs live in ``runs/<name>/version_<n>/``: ``config.yaml``, ``metrics.csv``, ``checkpoints/best.ckpt``
       (highest validation accuracy) and ``checkpoints/last.ckpt``.
     - ``--ckpt_path FILE`` alone is enough to ``test`` or ``validate``: the model's arguments and the run's
-      validation split (``data.val_size``) come from the checkpoint and any argument given explicitly still wins. ``fit --ckpt_path FILE`` resumes into the run
-      folder of FILE; ``fit --ckpt_path last`` resumes the newest run of the configured name, and
-      ``test``/``validate --ckpt_path last|best`` evaluate that run's ``last.ckpt`` or ``best.ckpt``.
+      validation split (``data.val_size``) come from the checkpoint and any argument given explicitly still
+      wins. ``fit --ckpt_path FILE`` resumes into the run folder of FILE; ``fit --ckpt_path last`` resumes the
+      newest run of the configured name, and ``test``/``validate --ckpt_path last|best`` evaluate that run's
+      ``last.ckpt`` or ``best.ckpt``.
     - With ``--trainer.logger false`` there is no run folder, so no ``config.yaml`` is written (rather than
       one dropped into the working directory).
     - Bad arguments fail before any training: unknown options name the closest known one, a checkpoint that

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from vit.model import ViT
@@ -42,9 +42,12 @@ def load_safetensors(path: str | os.PathLike) -> ViT:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
-    with safe_open(path, framework="pt") as f:
-        metadata = f.metadata() or {}
-        state = {name: f.get_tensor(name) for name in f.keys()}
+    try:
+        with safe_open(path, framework="pt") as f:
+            metadata = f.metadata() or {}
+            state = {name: f.get_tensor(name) for name in f.keys()}
+    except SafetensorError as err:
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
     if CONFIG_KEY not in metadata:
         raise ValueError(
             f"{str(path)!r} has no {CONFIG_KEY!r} in its metadata: it was not written by ViT.save_safetensors. "

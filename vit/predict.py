@@ -48,6 +48,14 @@ def load_model(
     return model.eval()
 
 
+def load_model_or_exit(parser: argparse.ArgumentParser, path: str, weights: str = "model") -> ViT:
+    """:func:`load_model` for a command line: a missing or unreadable file is one ``error:`` line, exit 2."""
+    try:
+        return load_model(path, weights=weights)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
+
+
 def class_names(num_classes: int) -> list[str]:
     """CIFAR-10's class names for a 10-class model, else the class indices as strings."""
     return list(CIFAR10_CLASSES) if num_classes == len(CIFAR10_CLASSES) else [str(i) for i in range(num_classes)]
@@ -92,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.top_k < 1:
         parser.error(f"--top-k must be positive, got {args.top_k}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be positive, got {args.batch_size}")
     if args.output and Path(args.output).suffix not in (".csv", ".json"):
         parser.error(f"--output must end in .csv or .json, got {args.output!r}")
     files = find_images(args.inputs)
     if not files:
         parser.error(f"no PNG/JPEG files in {args.inputs}")
 
-    model = load_model(args.ckpt_path, weights=args.weights).to(args.device)
+    model = load_model_or_exit(parser, args.ckpt_path, args.weights).to(args.device)
     if model.in_channels != 3 or model.num_classes == 0:
         parser.error(f"{args.ckpt_path} is not an RGB classifier (in_channels={model.in_channels}, "
                      f"num_classes={model.num_classes})")
