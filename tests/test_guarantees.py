@@ -96,6 +96,8 @@ CLI_CASES = [
      ValueError, r"dim 32 is not divisible by heads 3"),
     ("lr-negative", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.lr", "-0.1"],
      ValueError, r"lr must be positive, got -0.1"),
+    ("one-class", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.num_classes", "1"],
+     ValueError, r"num_classes must be >= 2 for classification training, got 1"),
     ("lr-zero", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.lr", "0"],
      ValueError, r"lr must be positive, got 0"),
     ("batch-size", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--data.batch_size", "0"],

@@ -85,8 +85,8 @@ class ViTClassifier(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1 for classification training, got {num_classes}")
+        if num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 for classification training, got {num_classes}")
         if not 0 <= patch_drop_until <= 1:
             raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the steps), got {patch_drop_until}")
         if not 0 <= low_res_until <= 1:
