@@ -336,14 +336,21 @@ def test_no_loader_runs_code_from_a_checkpoint(crafted_checkpoint, fake_data, tm
     loaders = {
         "load_checkpoint_file": lambda: load_checkpoint_file(path),
         "ViT.from_checkpoint": lambda: vit.ViT.from_checkpoint(path),
+    }
+    for name, load in loaders.items():
+        with pytest.raises(ValueError, match=refused):
+            load()
+        assert not marker.exists(), name
+    commands = {  # the command-line tools say the same in one error line
         "vit-predict": lambda: predict.main(["--ckpt_path", str(path), str(image)]),
         "vit.export": lambda: export.main(["--ckpt_path", str(path), "--safetensors", str(tmp_path / "m.safetensors")]),
         "vit.attention_maps": lambda: attention_maps.main(["--ckpt_path", str(path), "--out", str(tmp_path / "a.png"),
                                                            str(image)]),
     }
-    for name, load in loaders.items():
-        with pytest.raises(ValueError, match=refused):
-            load()
+    for name, command in commands.items():
+        with pytest.raises(SystemExit) as exit_info:
+            command()
+        assert exit_info.value.code == 2 and re.search(refused, capsys.readouterr().err), name
         assert not marker.exists(), name
     # Lightning's loader relies on torch.load's default (weights_only=True since torch 2.6)
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.num_images < 1:
         parser.error(f"--num-images must be positive, got {args.num_images}")
 
-    model = load_model_or_exit(parser, args.ckpt_path, args.weights)
+    model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights)
     if args.files:
         images = torch.stack([load_image(path, model.image_size) for path in args.files])
         truths = [""] * len(images)

@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.safetensors or args.onnx):
         parser.error("nothing to do: pass --safetensors and/or --onnx")
 
-    from vit.predict import load_model
+    from vit.predict import load_model_or_exit
 
-    model = load_model(args.ckpt_path, weights=args.weights, image_size=args.image_size)
+    model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights, image_size=args.image_size)
     if args.safetensors:
         save_safetensors(model, args.safetensors)
         print(f"wrote {args.safetensors}")

@@ -48,10 +48,10 @@ def load_model(
     return model.eval()
 
 
-def load_model_or_exit(parser: argparse.ArgumentParser, path: str, weights: str = "model") -> ViT:
-    """:func:`load_model` for a command line: a missing or unreadable file is one ``error:`` line, exit 2."""
+def load_model_or_exit(parser: argparse.ArgumentParser, path: str, **kwargs) -> ViT:
+    """:func:`load_model` for a command line: a missing, unreadable or unsafe file is one ``error:`` line, exit 2."""
     try:
-        return load_model(path, weights=weights)
+        return load_model(path, **kwargs)
     except (OSError, ValueError) as err:
         parser.error(str(err))
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         parser.error(f"no PNG/JPEG files in {args.inputs}")
 
-    model = load_model_or_exit(parser, args.ckpt_path, args.weights).to(args.device)
+    model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights).to(args.device)
     if model.in_channels != 3 or model.num_classes == 0:
         parser.error(f"{args.ckpt_path} is not an RGB classifier (in_channels={model.in_channels}, "
                      f"num_classes={model.num_classes})")
