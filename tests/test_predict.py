@@ -105,3 +105,11 @@ def test_attention_maps_needs_at_least_one_image(tmp_path, capsys):
     with pytest.raises(SystemExit):
         attention_maps.main(["--ckpt_path", str(tmp_path / "run.ckpt"), "--num-images", "0"])
     assert "--num-images must be positive, got 0" in capsys.readouterr().err
+
+
+def test_16_bit_grey_images_keep_their_brightness(tmp_path):
+    grey = np.full((8, 8), 32896, dtype=np.uint16)  # 128 x 257: mid-grey on the 16-bit scale
+    Image.fromarray(grey).save(tmp_path / "grey16.png")
+    assert Image.open(tmp_path / "grey16.png").mode.startswith("I")
+    image = predict.load_image(tmp_path / "grey16.png", (8, 8))
+    assert image.shape == (3, 8, 8) and (image == 128).all()

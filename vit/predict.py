@@ -67,6 +67,8 @@ def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
     Raises ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file is not a readable image.
     """
     with Image.open(path) as image:
+        if image.mode.startswith("I"):  # 16-bit grey (PNG): convert("RGB") would clip all above 255 to white
+            image = Image.fromarray((np.asarray(image, dtype=np.float64) / 257).round().clip(0, 255).astype(np.uint8))
         image = image.convert("RGB").resize((size[1], size[0]), Image.Resampling.BICUBIC)
     return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
