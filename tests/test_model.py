@@ -205,6 +205,20 @@ def test_a_key_mask_applies_to_every_query():
     torch.testing.assert_close(model(images, mask=keys), model(images, mask=keys.expand(17, 17)))
 
 
+def test_the_model_compiles_to_one_graph():
+    """``torch.compile`` captures the forward whole, in training (PatchDropout included) and in eval: the GPU
+    recipe compiles the model, and a graph break would run the pieces around it eagerly. ``aot_eager`` traces
+    forward and backward without generating code, so this stays fast."""
+    model = small_vit(patch_drop=0.5)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    images = torch.randn(4, 3, 16, 16)
+    compiled(images).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(images), model(images))
+
+
 # ---- errors a user can act on ------------------------------------------------------------------------------
 
 
