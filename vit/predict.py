@@ -45,7 +45,7 @@ def load_model(
             model.resize_pos_embed(image_size)
     else:
         model = ViT.from_checkpoint(path, weights=weights, image_size=image_size)
-    return model.eval()
+    return model  # both loaders return eval mode
 
 
 def load_model_or_exit(parser: argparse.ArgumentParser, path: str, **kwargs) -> ViT:
