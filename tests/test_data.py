@@ -5,7 +5,7 @@ import torch
 
 from conftest import REAL_CIFAR10
 from vit import cifar10 as vdata
-from vit.cifar10 import read_cifar10
+from vit.cifar10 import find_cifar10, read_cifar10
 from vit.data import CIFAR10DataModule
 
 needs_real = pytest.mark.skipif(not REAL_CIFAR10.is_dir(), reason=f"real CIFAR-10 not at {REAL_CIFAR10}")
@@ -92,3 +92,18 @@ def test_splits_and_batches(fake_data):
 def test_val_size_must_leave_training_images(fake_data):
     with pytest.raises(ValueError, match="val_size 320 must be smaller than the 320 training images"):
         CIFAR10DataModule(data_dir=str(fake_data), verify=False, val_size=320).setup("fit")
+
+
+def test_an_empty_layout_folder_is_not_data_and_is_not_downloaded_into(tmp_path, monkeypatch):
+    (tmp_path / "cifar-10-batches-bin").mkdir()
+    assert find_cifar10(tmp_path) is None and find_cifar10(tmp_path / "cifar-10-batches-bin") is None
+    # a download unpacks cifar-10-batches-py, which inside a folder named for a layout would never be found
+    with pytest.raises(FileNotFoundError, match="point --data.data_dir at '.*' to download there"):
+        CIFAR10DataModule(data_dir=str(tmp_path / "cifar-10-batches-bin"), download=True).prepare_data()
+
+
+def test_data_dir_expands_the_home_folder(fake_data, monkeypatch):
+    monkeypatch.setenv("HOME", str(fake_data.parent))
+    dm = CIFAR10DataModule(data_dir=f"~/{fake_data.name}", verify=False, val_size=64)
+    dm.setup("fit")
+    assert dm.data_dir == fake_data and len(dm.splits["train"]) == 256

@@ -6,11 +6,14 @@ erasing. Every image draws its own op, magnitude and sign; the images are groupe
 batch as one vectorised call. ``mix`` is batch-level Mixup/CutMix with soft targets, for the training step.
 
 The policies use torchvision's ``TrivialAugmentWide`` / ``RandAugment`` op set and magnitude tables (31 bins,
-nearest interpolation, fill 0) and reproduce its per-image uint8 tensor kernels pixel for pixel on CPU (checked for
-every op, bin and sign in tests/test_augment.py), computed differently:
+nearest interpolation, fill 0) and reproduce its per-image uint8 tensor kernels pixel for pixel on CPU for CIFAR's
+32x32 images (checked for every op, bin and sign in tests/test_augment.py), computed differently:
 
 * the geometric ops build torchvision's float32 sampling grid per image and gather the nearest pixels from the uint8
-  images instead of calling ``grid_sample``; rotations by +-90 degrees take the same path (torchvision: ``rot90``);
+  images instead of calling ``grid_sample``; rotations by +-90 degrees take the same path (torchvision: ``rot90``).
+  The grid is summed elementwise where torchvision multiplies matrices: at some other sizes (seen at 24x40, not at
+  the squares 24-224 tried) a coordinate can differ in the last bit and, on an exact half-pixel tie, pick the
+  neighbouring pixel;
 * Brightness, Color, Contrast and Sharpness blend with a per-image factor; torchvision's fused multiply-add is
   emulated by summing in float64 and rounding once to float32 (see ``_fused_add``);
 * AutoContrast and Equalize are torchvision's own batched kernels (Equalize: PIL's LUT from each channel's
@@ -125,7 +128,8 @@ def _affine(images: Tensor, op: Tensor, magnitude: Tensor) -> Tensor:
     theta = _inverse_affine(angle, translate, shear, center).float()  # (N, 2, 3)
 
     # torchvision's _affine_grid: pixel-centre coordinates about the image centre, mapped, then normalised to [-1, 1]
-    # by folding 1 / (size / 2) into theta; x * t0 + y * t1 + t2 are the same float32 sums as its bmm.
+    # by folding 1 / (size / 2) into theta; x * t0 + y * t1 + t2 equal its bmm's float32 sums at 32x32 (the tests),
+    # not at every size (see the module docstring).
     xs = torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, w, device=images.device).view(1, 1, w)
     ys = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, h, device=images.device).view(1, h, 1)
     theta = theta / torch.tensor([0.5 * w, 0.5 * h], device=images.device).view(1, 2, 1)

@@ -52,10 +52,14 @@ def default_data_dir() -> str:
 
 
 def find_cifar10(data_dir: str | os.PathLike) -> Path | None:
-    """The CIFAR-10 folder (either official layout) in ``data_dir``, or ``data_dir`` itself if it is one."""
-    data_dir = Path(data_dir)
+    """The CIFAR-10 folder (either official layout) in ``data_dir``, or ``data_dir`` itself if it is one.
+
+    A folder counts when it holds at least one of its layout's files (an empty one is not a copy of the data).
+    """
+    data_dir = Path(data_dir).expanduser()
     for candidate in (data_dir, *(data_dir / name for name in LAYOUTS)):
-        if candidate.name in LAYOUTS and candidate.is_dir():
+        files = LAYOUTS.get(candidate.name, {})
+        if any((candidate / name).is_file() for split in files.values() for name in split):
             return candidate
     return None
 
@@ -112,7 +116,7 @@ def read_cifar10(
 
     ``verify`` checks every file against its official MD5 sum and names the file that differs.
     """
-    data_dir = Path(data_dir if data_dir is not None else default_data_dir())
+    data_dir = Path(data_dir if data_dir is not None else default_data_dir()).expanduser()
     split = "train" if train else "test"
     folder = find_cifar10(data_dir)
     if folder is None:
@@ -138,6 +142,10 @@ def download_cifar10(data_dir: Path, timeout: float = 30.0) -> None:
     from torchvision.datasets.utils import download_and_extract_archive
     from torchvision.datasets import CIFAR10
 
+    if data_dir.name in LAYOUTS:  # the archive unpacks to cifar-10-batches-py: it would land inside this folder
+        raise FileNotFoundError(_missing_message(
+            data_dir.parent, "train", f" ({str(data_dir)!r} is missing or empty; a download unpacks "
+            f"cifar-10-batches-py, so point --data.data_dir at {str(data_dir.parent)!r} to download there)"))
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)
     try:

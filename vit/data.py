@@ -83,8 +83,10 @@ class CIFAR10DataModule(L.LightningDataModule):
             raise ValueError(f"eval_batch_size must be positive, got {eval_batch_size}")
         if val_size < 0:
             raise ValueError(f"val_size must be >= 0, got {val_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 = load in the main process), got {num_workers}")
         self.save_hyperparameters()
-        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir())
+        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir()).expanduser()
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or 2 * batch_size
         self.val_size = val_size
@@ -107,6 +109,13 @@ class CIFAR10DataModule(L.LightningDataModule):
             if self.val_size >= len(labels):
                 raise ValueError(f"val_size {self.val_size} must be smaller than the {len(labels)} training images")
             cut = len(labels) - self.val_size
+            world = self.trainer.world_size if self.trainer is not None else 1
+            if stage in ("fit", None) and cut < self.batch_size * world:
+                raise ValueError(
+                    f"val_size {self.val_size} leaves {cut} training images, fewer than one batch of "
+                    f"{self.batch_size}{f' on each of {world} devices' if world > 1 else ''}: no training step "
+                    "would run; lower val_size or batch_size"
+                )
             self.splits["train"] = _InMemory(images[:cut], labels[:cut])
             self.splits["val"] = _InMemory(images[cut:], labels[cut:])
         if stage in ("test", "predict", None) and "test" not in self.splits:
