@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,6 +116,21 @@ CLI_CASES = [
      FileNotFoundError, r"no runs/smoke/version_\*/checkpoints/best.ckpt to evaluate"),
     ("val-size", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--data.val_size", "320"],
      ValueError, r"val_size 320 must be smaller than the 320 training images"),
+    ("no-training-batch", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--data.val_size", "310"],
+     ValueError, r"val_size 310 leaves 10 training images, fewer than one batch of 16"),
+    ("num-workers", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--data.num_workers", "-1"],
+     ValueError, r"num_workers must be >= 0"),
+    ("accumulate", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--trainer.accumulate_grad_batches",
+                                       "0"], ValueError, r"accumulate_grad_batches must be >= 1, got 0"),
+    ("min-lr-ratio", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.min_lr_ratio", "-0.5"],
+     ValueError, r"min_lr_ratio must be in \[0, 1\]"),
+    ("cutmix-alpha", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.cutmix_alpha", "-1"],
+     ValueError, r"mixup_alpha and cutmix_alpha must be >= 0"),
+    ("mix-prob", lambda t, d, c, m: ["fit", "--config", SMOKE, *data_args(d), "--model.mix_prob", "1.5"],
+     ValueError, r"mix_prob must be in \[0, 1\], got 1.5"),
+    ("eval-ema-without-ema", lambda t, d, c, m: ["test", "--ckpt_path", str(c), *data_args(d), "--model.ema_decay",
+                                                 "0.99", "--model.eval_ema", "true"],
+     ValueError, r"was trained without a weight average \(ema_decay 0\), so it has no ema_model"),
     ("data-missing", lambda t, d, c, m: ["fit", "--config", SMOKE, "--data.data_dir", str(t / "nowhere"),
                                          "--data.download", "false"],
      FileNotFoundError, r"CIFAR-10 not found in '.*nowhere'"),
@@ -271,7 +287,7 @@ def test_killed_run_resumes_to_the_same_end(fake_data, tmp_path, monkeypatch):
     monkeypatch.chdir(killed)
     resumed = main([*args, "--ckpt_path", "last"])
     assert steps == list(range(resumed_from, 80))  # nothing skipped, nothing done twice after the checkpoint
-    assert resumed.trainer.log_dir == str(killed / "runs/smoke/version_0")  # one run, continued
+    assert Path(resumed.trainer.log_dir).resolve() == (killed / "runs/smoke/version_0").resolve()  # one run
 
     monkeypatch.undo()
     (tmp_path / "whole").mkdir()

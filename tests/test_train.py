@@ -4,6 +4,7 @@ import csv
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -48,12 +49,20 @@ def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
         torch.testing.assert_close(backbone(images), module(images))
     assert not any(isinstance(m, vit.ViTClassifier) for m in backbone.modules())
 
-    # resume: one more epoch continues from step 8 in the same run folder
-    resumed = main(["fit", "--config", SMOKE, *data_args(fake_data), "--trainer.max_epochs", "3",
-                    "--ckpt_path", str(ckpts / "last.ckpt")])
+    # resume: one more epoch continues from step 8 in the same run folder, configured as the run was (no --config:
+    # the smoke config's 4 batches an epoch come from the run's config.yaml), keeping its metrics and best score
+    resumed = main(["fit", *data_args(fake_data), "--trainer.max_epochs", "3", "--ckpt_path", str(ckpts / "last.ckpt")])
     assert resumed.trainer.global_step == 12
-    assert resumed.trainer.log_dir == str(run_dir)
+    assert Path(resumed.trainer.log_dir).resolve() == run_dir.resolve()
     assert torch.load(ckpts / "last.ckpt", weights_only=True)["global_step"] == 12
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(row["step"]) for row in rows if row["train/loss"]] == list(range(12))  # steps 0-7 kept, 8-11 added
+    scores = [float(row["val/acc"]) for row in rows if row["val/acc"]]
+    assert len(scores) == 3
+    best = torch.load(ckpts / "best.ckpt", weights_only=True)
+    assert resumed.trainer.checkpoint_callback.best_model_score == max(scores)
+    assert best["epoch"] == scores.index(max(scores))  # the first of equal scores: a tie does not replace it
 
 
 def test_training_speed_times_training_batches_only(monkeypatch):
@@ -113,3 +122,34 @@ def test_ddp_on_two_cpu_processes(fake_data, tmp_path):
     ckpt = torch.load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 8 and ckpt["epoch"] == 1
     assert "run folder:" in result.stdout + result.stderr
+
+
+def test_last_checkpoint_every_epoch_also_between_validations(fake_data, run_dir, monkeypatch):
+    """Validation every 3rd epoch: last.ckpt is still refreshed at every epoch's end, so a crash loses one epoch."""
+    seen = []
+
+    def record(self):
+        path = run_dir / "checkpoints" / "last.ckpt"
+        seen.append(torch.load(path, weights_only=True)["global_step"] if path.exists() else None)
+
+    monkeypatch.setattr(vit.ViTClassifier, "on_train_epoch_start", record)
+    main(["fit", "--config", SMOKE, *data_args(fake_data), "--trainer.max_epochs", "3",
+          "--trainer.check_val_every_n_epoch", "3"])
+    assert seen == [None, 4, 8]
+
+
+def test_weight_average_updates_once_per_optimizer_step(fake_data, workdir, monkeypatch):
+    """With gradient accumulation the average moves when the weights do, not on every micro-batch."""
+    updates = []
+    original = vit.ViTClassifier.on_train_batch_end
+
+    def spy(self, outputs, batch, batch_idx):
+        before = [p.clone() for p in self.ema_model.parameters()]
+        original(self, outputs, batch, batch_idx)
+        if any(not torch.equal(a, b) for a, b in zip(before, self.ema_model.parameters())):
+            updates.append(self.global_step)
+
+    monkeypatch.setattr(vit.ViTClassifier, "on_train_batch_end", spy)
+    cli = main(["fit", "--config", SMOKE, *data_args(fake_data), "--model.ema_decay", "0.9",
+                "--trainer.accumulate_grad_batches", "2"])
+    assert cli.trainer.global_step == 4 and updates == [1, 2, 3, 4]

@@ -19,10 +19,14 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 class LastCheckpoint(ModelCheckpoint):
     """``last.ckpt``: the newest training state, to resume from after a stop or a crash.
 
-    Written at the end of every validation (every epoch), at the end of training, and, with
-    ``every_n_train_steps`` > 0, every that many optimizer steps, so a long epoch is not lost. With
+    Written at the end of every training epoch (with or without a validation in it), at the end of training, and,
+    with ``every_n_train_steps`` > 0, every that many optimizer steps, so a long epoch is not lost. With
     :class:`AtomicCheckpointIO` (the command line's default) a crash mid-write leaves the previous file intact.
     (Lightning's own ``save_last`` only refreshes ``last.ckpt`` when a best checkpoint was also written.)
+
+    The epoch's file is written after validation and after the best-checkpoint callback has taken its score (list
+    this callback after it, as the command line does), so a run resumed from ``last.ckpt`` knows its best score
+    and does not overwrite ``best.ckpt`` with a worse model.
     """
 
     def __init__(self, every_n_train_steps: int = 0, dirpath: str | None = None) -> None:
@@ -39,6 +43,9 @@ class LastCheckpoint(ModelCheckpoint):
             self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        pass  # the epoch's end follows; saving here would store the best score before the epoch's update
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
         self._save_now(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import difflib
 import os
 import re
@@ -15,6 +16,8 @@ import lightning.pytorch.loops
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vit.callbacks import LastCheckpoint
 from vit.checkpoint import CONFIG_KEY, load_checkpoint_file
@@ -76,6 +79,7 @@ class ViTCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("parser_class", ArgumentParser)
         self._ckpt: tuple[str, dict] | None = None  # (path, contents) of --ckpt_path, until the model is checked
+        self._resumed_step: int | None = None  # the checkpoint's step, when fit resumes a run
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
@@ -117,6 +121,8 @@ class ViTCLI(LightningCLI):
         if self.subcommand == "fit":
             trainer = self.config.fit.trainer
             max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+            if trainer.accumulate_grad_batches < 1:
+                raise ValueError(f"trainer.accumulate_grad_batches must be >= 1, got {trainer.accumulate_grad_batches}")
             if max_epochs is not None and max_epochs != -1 and max_epochs < 1:
                 raise ValueError(f"trainer.max_epochs must be positive (or -1 for no limit), got {max_epochs}")
             if max_epochs is None:  # Lightning's default: 1000 epochs, unless max_steps or max_time bounds the run
@@ -137,6 +143,28 @@ class ViTCLI(LightningCLI):
             except RuntimeError:
                 raise ValueError(self._mismatch_message(path, ckpt)) from None
 
+    def before_fit(self) -> None:
+        self._keep_metrics_history()
+
+    def _keep_metrics_history(self) -> None:
+        """A resumed run keeps the rows of its ``metrics.csv`` up to the checkpoint's step.
+
+        Lightning's CSV writer deletes the file it finds in its folder; the rows are read first and written back
+        through the new writer, which then appends the resumed run's rows. Rows past the checkpoint (logged after
+        it, before a crash) go: the resumed run logs those steps again.
+        """
+        logger = self.trainer.logger
+        if self._resumed_step is None or not isinstance(logger, CSVLogger) or not self.trainer.is_global_zero:
+            return
+        path = Path(logger.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        if not path.is_file():
+            return
+        with open(path, newline="") as f:
+            rows = [row for row in csv.DictReader(f) if int(float(row["step"])) < self._resumed_step]
+        writer = logger.experiment  # this deletes the file
+        writer.metrics = [{k: v for k, v in row.items() if v != ""} for row in rows]
+        writer.save()
+
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.logger is None:  # no run folder: the config would otherwise land in the working directory
@@ -151,6 +179,9 @@ class ViTCLI(LightningCLI):
                     for k, v in theirs.items() if k in ours and v.shape != ours[k].shape]
         problems += [f"{k} is missing from the checkpoint" for k in ours.keys() - theirs.keys()]
         problems += [f"{k} is in the checkpoint but not in this model" for k in theirs.keys() - ours.keys()]
+        if any(k.startswith("ema_model.") for k in ours) and not any(k.startswith("ema_model.") for k in theirs):
+            return (f"checkpoint {path!r} was trained without a weight average (ema_decay 0), so it has no "
+                    "ema_model to evaluate or resume: drop --model.ema_decay and --model.eval_ema")
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         saved, built = ckpt.get(CONFIG_KEY, {}), self.model.model.config
         changed = ", ".join(f"{k}={built[k]} (checkpoint: {v})" for k, v in saved.items() if built.get(k) != v)
@@ -192,12 +223,22 @@ class ViTCLI(LightningCLI):
         val_size = ckpt.get("datamodule_hyper_parameters", {}).get("val_size")
         if val_size is not None:
             defaults["data.val_size"] = val_size
-        if defaults:
+        args = list(self._cli_args)
+        run_config = self._run_folder(Path(ckpt_path), ckpt) / "config.yaml"
+        if subcommand == "fit" and not _typed(args, "--config") and run_config.is_file():
+            # Resuming continues the run as it was configured (its schedule's length, batch size, augmentation):
+            # the run's own config, under the arguments typed now, rather than the defaults.
+            at = args.index(subcommand) + 1
+            args[at:at] = ["--config", str(run_config)]
+        if defaults or args != self._cli_args:
             self.parser._subcommands_action._name_parser_map[subcommand].set_defaults(defaults)
-            self.config = self.parser.parse_args(self._cli_args)
+            self.config = self.parser.parse_args(args)
             self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
+        if val_size is not None and not _typed(args, "--data.val_size"):
+            self.config[subcommand]["data"]["val_size"] = val_size  # a config file's value does not win either
         if subcommand == "fit":
-            self._resume_into(Path(ckpt_path))
+            self._resume_into(Path(ckpt_path), ckpt)
+            self._resumed_step = ckpt.get("global_step")
 
     def _logger_args(self):
         logger = self.config[self.config.subcommand].trainer.logger
@@ -213,9 +254,24 @@ class ViTCLI(LightningCLI):
             raise FileNotFoundError(f"--ckpt_path {name}: no {root}/version_*/checkpoints/{name}.ckpt to {purpose}")
         return str(found[-1])
 
-    def _resume_into(self, ckpt_path: Path) -> None:
-        """Log into the run folder the checkpoint came from, so a resumed run stays one run."""
+    @staticmethod
+    def _run_folder(ckpt_path: Path, ckpt: dict) -> Path:
+        """The run folder a checkpoint was written to, spelled as the run spelled it (e.g. relative ``runs/...``).
+
+        The spelling matters: Lightning's ModelCheckpoint restores its best score only when the folder's path
+        string is unchanged, and without it the first validation after a resume replaces best.ckpt whatever
+        its score.
+        """
         run = ckpt_path.resolve().parent.parent
+        for state in ckpt.get("callbacks", {}).values():
+            dirpath = state.get("dirpath") if isinstance(state, dict) else None
+            if dirpath and Path(dirpath).resolve() == run / "checkpoints":
+                return Path(dirpath).parent
+        return run
+
+    def _resume_into(self, ckpt_path: Path, ckpt: dict) -> None:
+        """Log into the run folder the checkpoint came from, so a resumed run stays one run."""
+        run = self._run_folder(ckpt_path, ckpt)
         args = self._logger_args()
         if args is not None and run.name.startswith("version_"):
             args.save_dir, args.name, args.version = str(run.parent.parent), run.parent.name, run.name
@@ -245,6 +301,11 @@ def main(args: list[str] | None = None) -> ViTCLI:
             raise
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
+
+
+def _typed(args: list[str], option: str) -> bool:
+    """Whether a command line gives ``option`` itself (``--opt value`` or ``--opt=value``)."""
+    return any(a == option or a.startswith(option + "=") for a in args)
 
 
 def _raised_in_loop(err: BaseException) -> bool:

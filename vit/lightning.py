@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -103,12 +104,19 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         if not 0 <= warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        if not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1] (the final share of the base rates), got {min_lr_ratio}")
+        if mixup_alpha < 0 or cutmix_alpha < 0:
+            raise ValueError(f"mixup_alpha and cutmix_alpha must be >= 0 (0 = off), got {mixup_alpha}, {cutmix_alpha}")
+        if not 0 <= mix_prob <= 1:
+            raise ValueError(f"mix_prob must be in [0, 1], got {mix_prob}")
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if not 0 <= ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1) (0 disables the average), got {ema_decay}")
         if eval_ema and ema_decay == 0:
-            raise ValueError("eval_ema needs a weight average: set ema_decay > 0 (e.g. 0.999)")
+            raise ValueError("eval_ema needs a weight average: train with ema_decay > 0 (e.g. 0.999); "
+                             "a checkpoint trained without one has none to evaluate")
         self.save_hyperparameters()
         arch = size_config(size)
         overrides = dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio)
@@ -189,12 +197,15 @@ class ViTClassifier(L.LightningModule):
 
     # ---- weight average -----------------------------------------------------------------------------------
 
+    def on_train_start(self) -> None:
+        self._ema_step = self.global_step  # the optimizer step the average last saw (a resumed run's, too)
+
     @torch.no_grad()
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if self.ema_model is None:
-            return
+        if self.ema_model is None or self.global_step == self._ema_step:
+            return  # no optimizer step since the last update (gradient accumulation): the weights are unchanged
+        self._ema_step = step = self.global_step
         # timm-style warmup of the decay: early on the average follows the fast-moving weights closely
-        step = self.global_step
         decay = min(self.hparams.ema_decay, (1 + step) / (10 + step))
         ema = list(self.ema_model.parameters())
         torch._foreach_lerp_(ema, [p.detach() for p in self.model.parameters()], 1.0 - decay)
@@ -239,7 +250,12 @@ class ViTClassifier(L.LightningModule):
         rank_zero_info(f"run folder: {self.trainer.log_dir}")
 
     def on_fit_end(self) -> None:
-        rank_zero_info(f"run folder: {self.trainer.log_dir} (checkpoints/best.ckpt, checkpoints/last.ckpt)")
+        if self.trainer.log_dir is None:
+            return
+        # the files that exist: best.ckpt needs a validation (none with val_size 0)
+        written = [f"checkpoints/{name}" for name in ("best.ckpt", "last.ckpt")
+                   if (Path(self.trainer.log_dir) / "checkpoints" / name).is_file()]
+        rank_zero_info(f"run folder: {self.trainer.log_dir} ({', '.join(written) or 'no checkpoint'})")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # plain data, so that vit.ViT.from_checkpoint can rebuild the network without Lightning
