@@ -60,3 +60,13 @@ def test_export_command(tmp_path):
     onnx.checker.check_model(str(onnx_path))
     images = torch.randn(1, 3, 16, 24)
     torch.testing.assert_close(vit.ViT.from_safetensors(st_path).eval()(images), model(images))
+
+
+def test_safetensors_keep_their_dtype_and_never_overwrite_themselves(tmp_path):
+    model = small_vit().to(torch.bfloat16)
+    model.save_safetensors(tmp_path / "vit.safetensors")
+    loaded = vit.ViT.from_safetensors(tmp_path / "vit.safetensors")
+    assert loaded.pos_embed.dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(ValueError, match="suffix other than .json"):
+        model.save_safetensors(tmp_path / "vit.json")  # its config sidecar would replace the weights

@@ -201,3 +201,18 @@ def test_forward_intermediates():
         model.forward_intermediates(images, layers=4)
     with pytest.raises(ValueError, match="empty list"):
         model.forward_intermediates(images, layers=[])
+
+
+def test_from_timm_keeps_the_dtype():
+    source = timm_vit().double()
+    model = vit.ViT.from_timm(source)
+    images = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    assert model.pos_embed.dtype == torch.float64
+    torch.testing.assert_close(model(images), source(images))
+
+
+def test_a_file_that_is_no_checkpoint_is_not_called_unsafe(tmp_path):
+    path = tmp_path / "notes.ckpt"
+    path.write_text("notes")
+    with pytest.raises(ValueError, match=r"not a readable PyTorch checkpoint \(neither a zip archive nor a pickle\)"):
+        vit.ViT.from_checkpoint(path)

@@ -257,3 +257,34 @@ def test_bad_config(kwargs, error, message):
 def test_bad_input(images, error, message):
     with pytest.raises(error, match=message):
         small_vit()(images)
+
+
+def test_masks_that_do_not_fit_are_named():
+    model = small_vit(patch_drop=0.5)
+    images = torch.randn(2, 3, 16, 16)
+    with pytest.raises(ValueError, match="mask cannot be combined with patch_drop while training"):
+        model(images, mask=torch.ones(17, dtype=torch.bool))  # sized for all 1 + 16 tokens
+    model.eval()
+    with pytest.raises(ValueError, match=r"mask of shape \(16,\) does not fit 17 queries and 17 keys"):
+        model(images, mask=torch.ones(16, dtype=torch.bool))
+    with pytest.raises(ValueError, match="x must be batched"):
+        model.blocks[0].attn(torch.randn(17, 32))
+
+
+def test_attention_maps_are_those_of_prediction_in_any_mode():
+    model = small_vit(patch_drop=0.5, dropout=0.1).train()
+    images = torch.randn(2, 3, 16, 16)
+    maps = model.attention_maps(images)
+    assert maps.shape == (2, 2, 2, 17, 17) and model.training  # all tokens, and the mode is restored
+    torch.testing.assert_close(maps, model.eval().attention_maps(images))
+
+
+def test_half_precision_position_embeddings_resample_and_frozen_ones_stay_frozen():
+    model = small_vit(dynamic_img_size=True).to(torch.bfloat16)
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 8, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16  # a smaller grid
+    with pytest.raises(ValueError, match="images of size 0x0 are not divisible into 4x4 patches"):
+        model(torch.randn(1, 3, 0, 0, dtype=torch.bfloat16))
+    model.pos_embed.requires_grad_(False)
+    model.resize_pos_embed(8)
+    assert model.pos_embed.dtype == torch.bfloat16 and not model.pos_embed.requires_grad

@@ -46,6 +46,11 @@ def attend(
         raise ValueError(f"{k.shape[-2]} keys but {v.shape[-2]} values: they must pair up")
     if mask is not None and mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+    nq, nk = q.shape[-2], k.shape[-2]
+    if mask is not None and ((mask.dim() >= 1 and mask.shape[-1] not in (1, nk))
+                             or (mask.dim() >= 2 and mask.shape[-2] not in (1, nq))):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit {nq} queries and {nk} keys: it must "
+                         f"broadcast to (..., {nq}, {nk})")
     if mask is not None and mask.dim() < 2:  # a key mask (Nk,) or one flag: spell out (Nq, Nk), as SDPA needs
         mask = mask.expand(q.shape[-2], k.shape[-2])
 
@@ -211,6 +216,11 @@ class MultiHeadAttention(nn.Module):
         Returns ``(B, N, dim)``, or ``(output, weights)`` with weights ``(B, heads, N, M)``. A few queries
         against a long context (``N`` well below ``dim_head``) take the cheaper absorbed form, same result.
         """
+        for name, t in (("x", x), ("context", context)):
+            if t is not None and t.dim() != 3:
+                raise ValueError(f"{name} must be batched, (B, tokens, width); got shape {tuple(t.shape)}")
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x width {x.shape[-1]} != dim {self.dim}")
         self._check_context(context)
         dropout_p = self.attn_dropout if self.training else 0.0
         if context is not None and dropout_p == 0 and self._absorbs(x.shape[-2], context.shape[-2], context.shape[-1]):

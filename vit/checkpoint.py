@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -26,9 +27,17 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        with open(path, "rb") as f:
+            pickled = f.read(1) == b"\x80"  # a pickle's first opcode (PROTO)
+        if not (pickled or zipfile.is_zipfile(path)):  # torch.save writes a zip archive around the pickle
+            raise ValueError(
+                f"{str(path)!r} is not a readable PyTorch checkpoint (neither a zip archive nor a pickle)"
+            ) from None
+        # torch's message goes on to suggest weights_only=False, the very thing not to do with an untrusted file
+        detail = next((line.strip() for line in str(err).splitlines() if "Unsupported global" in line), "")
         raise ValueError(
             f"refused to load {str(path)!r}: it contains objects other than tensors and plain data, which could "
-            f"run code when unpickled ({str(err).splitlines()[0]})"
+            f"run code when unpickled" + (f" ({detail})" if detail else "")
         ) from None
     except Exception as err:  # noqa: BLE001 - a foreign or truncated file fails in many ways inside the (legacy) unpickler
         raise ValueError(f"{str(path)!r} is not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from None

@@ -31,6 +31,9 @@ def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
     the header, so the ``.safetensors`` file alone is enough.
     """
     path = Path(path)
+    if path.with_suffix(".json") == path:
+        raise ValueError(f"{str(path)!r}: the weights need a suffix other than .json (e.g. .safetensors), as the "
+                         "config is written beside them as <stem>.json")
     state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
     save_file(state, path, metadata={CONFIG_KEY: json.dumps(model.config)})
     path.with_suffix(".json").write_text(json.dumps(model.config, indent=2) + "\n")
@@ -54,6 +57,8 @@ def load_safetensors(path: str | os.PathLike) -> ViT:
             "Build the ViT yourself and call model.load_state_dict(safetensors.torch.load_file(path))"
         )
     model = ViT(**json.loads(metadata[CONFIG_KEY]))
+    if "pos_embed" in state:
+        model.to(state["pos_embed"].dtype)  # as saved: a bf16 export loads as bf16
     model.load_state_dict(state)
     return model.eval()  # as ViT.from_checkpoint: ready to predict, no training-only randomness
 
@@ -66,7 +71,8 @@ def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None
     """
     was_training = model.training
     model.eval()
-    images = torch.zeros(1, model.in_channels, *model.image_size)
+    images = torch.zeros(1, model.in_channels, *model.image_size, dtype=model.pos_embed.dtype,
+                         device=model.pos_embed.device)
     output = "logits" if model.num_classes else "features"
     with warnings.catch_warnings():
         # The input checks turn into constants: right, the graph is for one image size.

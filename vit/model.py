@@ -151,7 +151,8 @@ class ViT(nn.Module):
         pool: ``"cls"`` reads the CLS token's final state, ``"mean"`` averages the patch tokens.
         dropout: dropout after the embedding, the MLP layers and the attention projection.
         attn_dropout: dropout on the attention weights.
-        drop_path: stochastic-depth rate of the last block (linearly increasing from 0 over depth).
+        drop_path: stochastic-depth rate of the last block, linearly increasing from 0 at the first (as in timm, a
+            single block is the first and gets 0).
         patch_drop: share of patch tokens dropped at random from each training image after the position
             embedding (PatchDropout, Liu et al. 2022): training costs about that much less, evaluation sees all.
         qkv_bias: bias in the query/key/value projection.
@@ -338,7 +339,8 @@ class ViT(nn.Module):
                 f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})"
             )
         if self.dynamic_img_size:
-            if images.shape[-2] % self.patch_size or images.shape[-1] % self.patch_size:
+            if min(images.shape[-2:]) < self.patch_size or images.shape[-2] % self.patch_size or \
+                    images.shape[-1] % self.patch_size:
                 raise ValueError(
                     f"images of size {images.shape[-2]}x{images.shape[-1]} are not divisible into "
                     f"{self.patch_size}x{self.patch_size} patches"
@@ -367,7 +369,7 @@ class ViT(nn.Module):
         row goes through the projections, the MLP and the final norm, and the other tokens' keys and values are
         never projected (the key/value weights fold into the CLS query); ``forward`` uses it for ``pool="cls"``.
         """
-        x = self._embed(images)
+        x = self._embed(images, mask)
         for block in self.blocks[:-1]:
             x = block(x, mask=mask)
         x = self.blocks[-1](x, mask=mask, queries=1 if cls_only else None)
@@ -402,7 +404,7 @@ class ViT(nn.Module):
             if bad:
                 raise ValueError(f"block indices {bad} out of range for a model with {depth} blocks")
             indices = [i % depth for i in layers]
-        x = self._embed(images)
+        x = self._embed(images, mask)
         states = {}
         for i, block in enumerate(self.blocks[: max(indices) + 1]):
             x = block(x, mask=mask)
@@ -421,7 +423,8 @@ class ViT(nn.Module):
         if any(side % self.patch_size for side in image_size):
             raise ValueError(f"image_size {image_size} is not divisible by patch_size {self.patch_size}")
         grid_size = (image_size[0] // self.patch_size, image_size[1] // self.patch_size)
-        self.pos_embed = nn.Parameter(resample_pos_embed(self.pos_embed.detach(), self.grid_size, grid_size))
+        self.pos_embed = nn.Parameter(resample_pos_embed(self.pos_embed.detach(), self.grid_size, grid_size),
+                                      requires_grad=self.pos_embed.requires_grad)
         self.image_size, self.grid_size = image_size, grid_size
         self.config["image_size"] = list(image_size)
 
@@ -438,16 +441,30 @@ class ViT(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Softmax attention weights of every block: ``(depth, B, heads, 1 + N, 1 + N)``."""
-        x = self._embed(images)
-        maps = []
-        for block in self.blocks:
-            x, weights = block(x, mask=mask, need_weights=True)
-            maps.append(weights)
+        """Softmax attention weights of every block: ``(depth, B, heads, 1 + N, 1 + N)``.
+
+        Always those of the model as it predicts, in eval mode (every token, no dropout), whatever mode it is in:
+        the mode is restored afterwards.
+        """
+        training = self.training
+        self.eval()
+        try:
+            x = self._embed(images, mask)
+            maps = []
+            for block in self.blocks:
+                x, weights = block(x, mask=mask, need_weights=True)
+                maps.append(weights)
+        finally:
+            self.train(training)
         return torch.stack(maps)
 
-    def _embed(self, images: Tensor) -> Tensor:
+    def _embed(self, images: Tensor, mask: Tensor | None = None) -> Tensor:
         self.check_images(images)
+        if mask is not None and self.training and self.patch_drop > 0:
+            raise ValueError(
+                "a mask cannot be combined with patch_drop while training: it is sized for all 1 + N tokens, and "
+                "each image keeps another subset; call .eval() or build the model with patch_drop=0"
+            )
         x = self.patch_embed(images)  # (B, N, dim)
         grid = (images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size)
         # another grid gets here only with dynamic_img_size (check_images): resample, differentiably
@@ -519,5 +536,8 @@ def resample_pos_embed(pos_embed: Tensor, old_grid: tuple[int, int], new_grid: t
     cls_pos, grid = pos_embed[:, :1], pos_embed[:, 1:]
     grid = rearrange(grid, "1 (h w) d -> 1 d h w", h=old_grid[0])
     downsampling = new_grid[0] < old_grid[0] or new_grid[1] < old_grid[1]
-    grid = F.interpolate(grid, size=new_grid, mode="bicubic", align_corners=False, antialias=downsampling)
-    return torch.cat([cls_pos, rearrange(grid, "1 d h w -> 1 (h w) d")], dim=1)
+    # half precision in float32: antialiased bicubic has no such CPU kernel (the cast back stays differentiable)
+    half = grid.dtype in (torch.float16, torch.bfloat16)
+    grid = F.interpolate(grid.float() if half else grid, size=new_grid, mode="bicubic", align_corners=False,
+                         antialias=downsampling)
+    return torch.cat([cls_pos, rearrange(grid.to(pos_embed.dtype), "1 d h w -> 1 (h w) d")], dim=1)

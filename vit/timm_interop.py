@@ -100,7 +100,8 @@ def vit_from_timm(
         pool=pool or "cls", norm_eps=TIMM_NORM_EPS if norm_eps is None else norm_eps,
         dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path,
     )
-    model = ViT(**config)
+    pos_embed = state["pos_embed"]
+    model = ViT(**config).to(dtype=pos_embed.dtype, device=pos_embed.device)  # where and as the source keeps them
     model.load_state_dict(convert_state_dict(state))
     return model
 
