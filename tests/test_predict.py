@@ -85,12 +85,16 @@ def test_exit_code_is_nonzero_only_when_every_file_fails(tmp_path, inputs):
         (["--batch-size", "0"], "--batch-size must be positive, got 0"),
         (["--ckpt_path", "{tmp}/nope.ckpt"], r"checkpoint '.*nope.ckpt' does not exist"),
         (["--ckpt_path", "{tmp}/bad.safetensors"], r"'.*bad.safetensors' is not a readable safetensors file"),
+        (["--output", "{tmp}/nowhere/out.csv"], r"--output '.*out.csv': the folder '.*nowhere' does not exist"),
+        (["--device", "bogus"], r"unknown --device 'bogus'"),
+        (["--ckpt_path", "{tmp}/vit.safetensors", "--weights", "ema"], r"is an export, which holds one set of weights"),
     ],
 )
 def test_bad_arguments_are_one_error_line(tmp_path, inputs, capsys, args, message):
     folder, _ = inputs
     save_checkpoint(tmp_path / "run.ckpt")
     (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 64)
+    vit.ViT.from_checkpoint(tmp_path / "run.ckpt").save_safetensors(tmp_path / "vit.safetensors")
     argv = ["--ckpt_path", str(tmp_path / "run.ckpt"), str(folder)] + [a.format(tmp=tmp_path) for a in args]
     with pytest.raises(SystemExit) as exit_info:
         predict.main(argv)
@@ -113,3 +117,38 @@ def test_16_bit_grey_images_keep_their_brightness(tmp_path):
     assert Image.open(tmp_path / "grey16.png").mode.startswith("I")
     image = predict.load_image(tmp_path / "grey16.png", (8, 8))
     assert image.shape == (3, 8, 8) and (image == 128).all()
+
+
+def test_photos_are_seen_upright_and_oversized_files_are_skipped(tmp_path, capsys, monkeypatch):
+    upright = np.random.randint(0, 256, (8, 12, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: the stored pixels are to be turned 90 degrees clockwise for display
+    Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(tmp_path / "photo.png", exif=exif)
+    assert torch.equal(predict.load_image(tmp_path / "photo.png", (8, 12)), torch.from_numpy(upright).permute(2, 0, 1))
+
+    save_checkpoint(tmp_path / "run.ckpt")
+    random_image(tmp_path / "small.png", (8, 8))
+    random_image(tmp_path / "huge.png", (16, 16))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL refuses more than twice this: 256 pixels here
+    assert predict.main(["--ckpt_path", str(tmp_path / "run.ckpt"), str(tmp_path / "huge.png"),
+                         str(tmp_path / "small.png")]) == 0
+    captured = capsys.readouterr()
+    assert "huge.png: error: Image size (256 pixels) exceeds limit" in captured.err and "small.png: " in captured.out
+
+
+def test_half_precision_exports_predict_and_draw(tmp_path, capsys):
+    from vit import attention_maps
+
+    model = save_checkpoint(tmp_path / "run.ckpt")
+    model.to(torch.bfloat16).save_safetensors(tmp_path / "bf16.safetensors")
+    image = random_image(tmp_path / "a.png", (16, 16))
+    assert predict.main(["--ckpt_path", str(tmp_path / "bf16.safetensors"), str(image), "--top-k", "1"]) == 0
+    attention_maps.main(["--ckpt_path", str(tmp_path / "bf16.safetensors"), "--out", str(tmp_path / "m.png"),
+                         str(tmp_path)])
+    assert Image.open(tmp_path / "m.png").size[0] > 0
+    for args, message in ((["--out", str(tmp_path / "m.png"), str(tmp_path / "broken.png")], "cannot identify image"),
+                          (["--out", str(tmp_path / "m.xyz"), str(image)], "--out must end in")):
+        (tmp_path / "broken.png").write_text("not an image")
+        with pytest.raises(SystemExit):
+            attention_maps.main(["--ckpt_path", str(tmp_path / "run.ckpt"), *args])
+        assert message in capsys.readouterr().err

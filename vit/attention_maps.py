@@ -17,7 +17,7 @@ from torch import Tensor
 
 from vit.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
 from vit.model import ViT
-from vit.predict import class_names, load_image, load_model_or_exit, predict
+from vit.predict import check_output_path, class_names, find_images, load_image, load_model_or_exit, predict
 from vit.rollout import attention_rollout
 
 TILE = 128  # images are shown at least this tall: CIFAR-10's 32 pixels are too small to read
@@ -28,7 +28,7 @@ COLORMAP = np.array([[0.0, 0.0, 0.0, 0.5], [0.35, 0.0, 0.8, 1.0], [0.65, 1.0, 1.
 
 def heat_maps(model: ViT, images: Tensor, size: tuple[int, int]) -> Tensor:
     """Rollout of each normalised image over its patches, upsampled to ``size`` and scaled to 0-1: ``(B, H, W)``."""
-    patches = attention_rollout(model, images)[:, 1:].reshape(-1, 1, *model.grid_size)
+    patches = attention_rollout(model, images.to(model.pos_embed.dtype))[:, 1:].float().reshape(-1, 1, *model.grid_size)
     heat = F.interpolate(patches, size=size, mode="bilinear", align_corners=False)[:, 0]
     low, high = heat.amin(dim=(1, 2), keepdim=True), heat.amax(dim=(1, 2), keepdim=True)
     return (heat - low) / (high - low).clamp_min(1e-12)
@@ -59,7 +59,7 @@ def render(images: Tensor, heat: Tensor, captions: Sequence[str], columns: int =
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vit.attention_maps", description=__doc__.split("\n")[0])
-    parser.add_argument("files", nargs="*", help="image files; without them, CIFAR-10 test images are used")
+    parser.add_argument("files", nargs="*", help="image files and folders; without them, CIFAR-10 test images")
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors export")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
     parser.add_argument("--out", default="attn.png", help="PNG to write")
@@ -70,13 +70,24 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("pass image files or --data-dir, not both")
     if args.num_images < 1:
         parser.error(f"--num-images must be positive, got {args.num_images}")
+    check_output_path(parser, "--out", args.out, {ext for ext, fmt in Image.registered_extensions().items()
+                                                  if fmt in Image.SAVE})
+    files = find_images(args.files)
+    if args.files and not files:
+        parser.error(f"no PNG/JPEG files in {args.files}")
 
     model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights)
-    if args.files:
-        images = torch.stack([load_image(path, model.image_size) for path in args.files])
+    if files:
+        try:
+            images = torch.stack([load_image(path, model.image_size) for path in files])
+        except (OSError, ValueError, Image.DecompressionBombError) as err:
+            parser.error(f"{err}")
         truths = [""] * len(images)
     else:
-        images, labels = read_cifar10(args.data_dir, train=False)
+        try:
+            images, labels = read_cifar10(args.data_dir, train=False)
+        except (OSError, ValueError) as err:
+            parser.error(f"{str(err).splitlines()[0]}; pass --data-dir, set $VIT_DATA_DIR, or pass image files")
         images, labels = images[: args.num_images], labels[: args.num_images]
         if tuple(images.shape[-2:]) != model.image_size:
             images = F.interpolate(images.float(), size=model.image_size, mode="bicubic", antialias=True)

@@ -69,6 +69,8 @@ def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None
     Uses PyTorch's TorchScript-based exporter (``dynamo=False``), which needs no extra packages; attention
     exports as the ONNX ops of ``scaled_dot_product_attention`` and einops as Reshape/Transpose.
     """
+    if model.pos_embed.dtype == torch.bfloat16:
+        raise ValueError("the ONNX exporter cannot trace bfloat16 weights: export a float32 copy, model.float()")
     was_training = model.training
     model.eval()
     images = torch.zeros(1, model.in_channels, *model.image_size, dtype=model.pos_embed.dtype,
@@ -99,13 +101,21 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.safetensors or args.onnx):
         parser.error("nothing to do: pass --safetensors and/or --onnx")
 
-    from vit.predict import load_model_or_exit
+    from vit.predict import check_output_path, load_model_or_exit
 
+    check_output_path(parser, "--safetensors", args.safetensors)
+    check_output_path(parser, "--onnx", args.onnx)
     model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights, image_size=args.image_size)
     if args.safetensors:
-        save_safetensors(model, args.safetensors)
+        try:
+            save_safetensors(model, args.safetensors)
+        except ValueError as err:
+            parser.error(str(err))
         print(f"wrote {args.safetensors}")
     if args.onnx:
+        if model.pos_embed.dtype == torch.bfloat16:
+            model = model.float()
+            print("bfloat16 weights exported to ONNX as float32 (the exporter cannot trace bfloat16)")
         export_onnx(model, args.onnx, opset=args.opset)
         print(f"wrote {args.onnx}")
 

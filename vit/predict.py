@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 
 from vit.cifar10 import CIFAR10_CLASSES, normalize
@@ -40,6 +40,9 @@ def load_model(
             raise ValueError(f"image_size must be H or H W, got {list(image_size)}")
         image_size = image_size[0] if len(image_size) == 1 else tuple(image_size)
     if Path(path).suffix == ".safetensors":
+        if weights != "model":
+            raise ValueError(f"{str(path)!r} is an export, which holds one set of weights: --weights {weights} is "
+                             "for training checkpoints (export the weight average with vit.export --weights ema)")
         model = ViT.from_safetensors(path)
         if image_size is not None:
             model.resize_pos_embed(image_size)
@@ -56,6 +59,28 @@ def load_model_or_exit(parser: argparse.ArgumentParser, path: str, **kwargs) -> 
         parser.error(str(err))
 
 
+def check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None,
+                      suffixes: Iterable[str] | None = None) -> None:
+    """One ``error:`` line before any work when ``path`` cannot be written: a missing folder or a wrong suffix."""
+    if path is None:
+        return
+    if suffixes is not None and Path(path).suffix.lower() not in suffixes:
+        parser.error(f"{option} must end in {' or '.join(sorted(suffixes))}, got {path!r}")
+    if not Path(path).resolve().parent.is_dir():
+        parser.error(f"{option} {path!r}: the folder {str(Path(path).parent)!r} does not exist")
+
+
+def parse_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """``--device`` as a ``torch.device`` that exists here, or one ``error:`` line."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"unknown --device {name!r}; use cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: no CUDA GPU is available here")
+    return device
+
+
 def class_names(num_classes: int) -> list[str]:
     """CIFAR-10's class names for a 10-class model, else the class indices as strings."""
     return list(CIFAR10_CLASSES) if num_classes == len(CIFAR10_CLASSES) else [str(i) for i in range(num_classes)]
@@ -64,9 +89,12 @@ def class_names(num_classes: int) -> list[str]:
 def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
     """An image file as uint8 RGB ``(3, H, W)``, resized (bicubic, antialiased) to ``size = (H, W)``.
 
-    Raises ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file is not a readable image.
+    The EXIF orientation of photos is applied first, so the model sees them as a viewer shows them. Raises
+    ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file is not a readable image, and PIL's
+    ``DecompressionBombError`` for one too large to decode safely.
     """
-    with Image.open(path) as image:
+    with Image.open(path) as opened:
+        image = ImageOps.exif_transpose(opened)
         if image.mode.startswith("I"):  # 16-bit grey (PNG): convert("RGB") would clip all above 255 to white
             image = Image.fromarray((np.asarray(image, dtype=np.float64) / 257).round().clip(0, 255).astype(np.uint8))
         image = image.convert("RGB").resize((size[1], size[0]), Image.Resampling.BICUBIC)
@@ -87,7 +115,8 @@ def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
 @torch.no_grad()
 def predict(model: ViT, images: Tensor) -> Tensor:
     """Class probabilities ``(B, num_classes)`` of uint8 images ``(B, 3, H, W)`` at the model's size."""
-    return model(normalize(images).to(next(model.parameters()).device)).softmax(dim=-1).cpu()
+    weights = model.pos_embed
+    return model(normalize(images).to(device=weights.device, dtype=weights.dtype)).float().softmax(dim=-1).cpu()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--top-k must be positive, got {args.top_k}")
     if args.batch_size < 1:
         parser.error(f"--batch-size must be positive, got {args.batch_size}")
-    if args.output and Path(args.output).suffix not in (".csv", ".json"):
-        parser.error(f"--output must end in .csv or .json, got {args.output!r}")
+    check_output_path(parser, "--output", args.output, {".csv", ".json"})
+    device = parse_device(parser, args.device)
     files = find_images(args.inputs)
     if not files:
         parser.error(f"no PNG/JPEG files in {args.inputs}")
 
-    model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights).to(args.device)
+    model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights).to(device)
     if model.in_channels != 3 or model.num_classes == 0:
         parser.error(f"{args.ckpt_path} is not an RGB classifier (in_channels={model.in_channels}, "
                      f"num_classes={model.num_classes})")
@@ -124,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 images.append(load_image(files[i], model.image_size))
                 loaded.append(i)
-            except (OSError, ValueError) as err:  # not an image, unreadable, missing: report it and carry on
+            except (OSError, ValueError, Image.DecompressionBombError) as err:  # report it and carry on
                 print(f"{files[i]}: error: {err}", file=sys.stderr)
                 results[i] = dict(file=str(files[i]), error=str(err))
         if not images:
@@ -143,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_results(results: list[dict], path: str | os.PathLike) -> None:
     """JSON: the list of per-file results; CSV: one row per file and rank (``error`` filled for failed files)."""
     path = Path(path)
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         path.write_text(json.dumps(results, indent=2) + "\n")
         return
     with open(path, "w", newline="") as f:
