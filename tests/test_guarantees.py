@@ -400,3 +400,11 @@ def test_same_config_and_seed_give_the_same_run(fake_data, tmp_path, monkeypatch
         assert torch.equal(metrics[key], metrics2[key]), key
     for key in weights:
         assert torch.equal(weights[key], weights2[key]), key
+
+
+def test_print_config_with_a_checkpoint_shows_its_model(smoke_ckpt, capsys):
+    """What the command would run: the checkpoint's architecture, not the defaults it replaces."""
+    with pytest.raises(SystemExit):
+        main(["test", "--ckpt_path", str(smoke_ckpt), "--print_config"])
+    out = capsys.readouterr().out
+    assert "  dim: 32\n" in out and "  depth: 2\n" in out

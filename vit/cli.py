@@ -114,7 +114,15 @@ class ViTCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser, args) -> None:
-        self._cli_args = sys.argv[1:] if args is None else args
+        self._cli_args = list(sys.argv[1:] if args is None else args)
+        printing = [a for a in self._cli_args if a == "--print_config" or a.startswith("--print_config=")]
+        if printing and _typed(self._cli_args, "--ckpt_path"):
+            # print what the command would run: the config with the checkpoint's arguments applied (the argument
+            # parser prints as it parses, before they are)
+            self._cli_args = [a for a in self._cli_args if a not in printing]
+            self.config = parser.parse_args(self._cli_args)
+            self._parse_ckpt_path()
+            parser.parse_args(self._cli_args + printing)  # prints and exits
         super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
@@ -232,6 +240,7 @@ class ViTCLI(LightningCLI):
             args[at:at] = ["--config", str(run_config)]
         if defaults or args != self._cli_args:
             self.parser._subcommands_action._name_parser_map[subcommand].set_defaults(defaults)
+            self._cli_args = args
             self.config = self.parser.parse_args(args)
             self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
         if val_size is not None and not _typed(args, "--data.val_size"):
