@@ -52,7 +52,7 @@ def attend(
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit {nq} queries and {nk} keys: it must "
                          f"broadcast to (..., {nq}, {nk})")
     if mask is not None and mask.dim() < 2:  # a key mask (Nk,) or one flag: spell out (Nq, Nk), as SDPA needs
-        mask = mask.expand(q.shape[-2], k.shape[-2])
+        mask = mask.expand(nq, nk)
 
     # A fully masked row would give softmax(-inf, ..., -inf) = NaN: let it see every key, then zero it.
     empty = None

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("files", nargs="*", help="image files and folders; without them, CIFAR-10 test images")
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors export")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
-    parser.add_argument("--out", default="attn.png", help="PNG to write")
+    parser.add_argument("--out", default="attn.png", help="image to write (.png or .jpg)")
     parser.add_argument("--num-images", type=int, default=8, help="CIFAR-10 test images to show")
     parser.add_argument("--data-dir", help=f"CIFAR-10 folder (default: $VIT_DATA_DIR or {default_data_dir()!r})")
     args = parser.parse_args(argv)
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("pass image files or --data-dir, not both")
     if args.num_images < 1:
         parser.error(f"--num-images must be positive, got {args.num_images}")
-    check_output_path(parser, "--out", args.out, {ext for ext, fmt in Image.registered_extensions().items()
-                                                  if fmt in Image.SAVE})
+    check_output_path(parser, "--out", args.out, {".png", ".jpg", ".jpeg"})
     files = find_images(args.files)
     if args.files and not files:
         parser.error(f"no PNG/JPEG files in {args.files}")

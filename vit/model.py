@@ -339,8 +339,7 @@ class ViT(nn.Module):
                 f"expected {self.in_channels} channels, got {images.shape[1]} (shape {tuple(images.shape)})"
             )
         if self.dynamic_img_size:
-            if min(images.shape[-2:]) < self.patch_size or images.shape[-2] % self.patch_size or \
-                    images.shape[-1] % self.patch_size:
+            if any(side < self.patch_size or side % self.patch_size for side in images.shape[-2:]):
                 raise ValueError(
                     f"images of size {images.shape[-2]}x{images.shape[-1]} are not divisible into "
                     f"{self.patch_size}x{self.patch_size} patches"
