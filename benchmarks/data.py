@@ -3,7 +3,7 @@
 All three pipelines do the same work, random crop (zero padding 4), horizontal flip, TrivialAugment-Wide, on
 32x32 RGB uint8 CIFAR-sized images, with ``torch.set_num_threads(1)``:
 
-* ``batched``: ``vit.augment.BatchAugment(policy="trivial")`` on a (256, 3, 32, 32) uint8 tensor;
+* ``batched``: ``vit.data.augment.BatchAugment(policy="trivial")`` on a (256, 3, 32, 32) uint8 tensor;
 * ``torchvision tensor``: ``transforms.v2`` Compose(RandomCrop, RandomHorizontalFlip, TrivialAugmentWide) called
   on each (3, 32, 32) uint8 tensor;
 * ``torchvision PIL``: the same Compose plus ``PILToTensor`` on each PIL image, as a DataLoader worker would.
@@ -22,7 +22,7 @@ import PIL.Image
 import torch
 from torchvision.transforms import v2
 
-from vit.augment import BatchAugment
+from vit.data.augment import BatchAugment
 
 
 def images_per_second(fn, images, num_images: int) -> float:

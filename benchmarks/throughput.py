@@ -21,7 +21,7 @@ mode against the same mode. Two ratios are printed: of the medians, and the medi
 (paired, so less sensitive to load that changes between rounds), with the quartiles of the per-round ratios.
 Compilation time (the first calls of a compiled model) is printed separately and excluded from the timings.
 fp32 by default, ``torch.set_num_threads`` = all cores; on a GPU ``--dtype bf16`` runs under bf16 autocast.
-The process keeps freed memory for reuse (``vit.runtime.keep_freed_memory``, as ``train.py`` does), for all
+The process keeps freed memory for reuse (``vit.train.runtime.keep_freed_memory``, as ``train.py`` does), for all
 three alike: otherwise whichever model's allocation order makes glibc return memory to the OS pays page faults
 on every step (0 to ~54,000 a step measured here, up to ~9% of a step), luck rather than model speed.
 ``--system-malloc`` leaves the allocator as it is; each mode prints the median page faults per step.
@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vit
-from vit.runtime import keep_freed_memory
+from vit.train.runtime import keep_freed_memory
 
 IMAGE_SIZE, PATCH, DIM, DEPTH, HEADS, MLP_RATIO, CLASSES = 32, 4, 192, 6, 3, 4, 10
 

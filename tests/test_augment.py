@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
 
-from vit import augment
-from vit.augment import OPS, SIGNED, BatchAugment, apply_ops, magnitude_table, mix
+from vit.data import augment
+from vit.data.augment import OPS, SIGNED, BatchAugment, apply_ops, magnitude_table, mix
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import REAL_CIFAR10
-from vit import cifar10 as vdata
-from vit.cifar10 import find_cifar10, read_cifar10
-from vit.data import CIFAR10DataModule
+from vit.data import cifar10 as vdata
+from vit.data.cifar10 import find_cifar10, read_cifar10
+from vit.data.datamodule import CIFAR10DataModule
 
 needs_real = pytest.mark.skipif(not REAL_CIFAR10.is_dir(), reason=f"real CIFAR-10 not at {REAL_CIFAR10}")
 

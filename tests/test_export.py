@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vit
-from vit import export
+from helpers import write_training_checkpoint
+from vit.tools import export
 
 
 def small_vit(**kwargs):
@@ -22,7 +23,7 @@ def test_safetensors_round_trip(tmp_path):
     model.save_safetensors(path)
     loaded = vit.ViT.from_safetensors(path).eval()
     assert loaded.config == model.config
-    assert json.loads((tmp_path / "vit.json").read_text()) == model.config
+    assert json.loads((tmp_path / "vit.json").read_text()) == model.config.to_dict()
     images = torch.randn(2, 3, 16, 24)
     assert torch.equal(loaded(images), model(images))
     assert set(load_file(path)) == set(model.state_dict())  # plain tensors, readable by any safetensors reader
@@ -51,8 +52,7 @@ def test_export_command(tmp_path):
     pytest.importorskip("onnx")
     model = small_vit(num_classes=10)
     ckpt = tmp_path / "run.ckpt"
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
-    torch.save({"state_dict": state, "vit_config": model.config}, ckpt)
+    write_training_checkpoint(ckpt, model)
     onnx_path, st_path = tmp_path / "out.onnx", tmp_path / "out.safetensors"
     export.main(["--ckpt_path", str(ckpt), "--onnx", str(onnx_path), "--safetensors", str(st_path)])
     import onnx

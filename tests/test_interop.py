@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vit
+from helpers import write_training_checkpoint
 
 
 def small_vit(**kwargs):
@@ -58,7 +59,7 @@ def test_from_timm_gives_the_same_logits(kwargs):
 def test_from_timm_state_dict_infers_square_size_and_needs_heads():
     reference = timm_vit(img_size=24)
     model = vit.ViT.from_timm(reference.state_dict(), heads=2)
-    assert model.image_size == (24, 24) and model.config["norm_eps"] == 1e-6
+    assert model.image_size == (24, 24) and model.config.norm_eps == 1e-6
     with pytest.raises(ValueError, match="heads is required"):
         vit.ViT.from_timm(reference.state_dict())
     with pytest.raises(ValueError, match="heads are read from the timm model"):
@@ -112,7 +113,7 @@ def test_resized_model_runs_at_other_sizes(size):
     cls_pos = model.pos_embed[:, 0].detach().clone()
     model.resize_pos_embed(size)
     grid = (size[0] // 4, size[1] // 4)
-    assert model.image_size == size and model.grid_size == grid and model.config["image_size"] == list(size)
+    assert model.image_size == size and model.grid_size == grid and model.config.image_size == size
     assert model.pos_embed.shape == (1, 1 + grid[0] * grid[1], 32)
     assert torch.equal(model.pos_embed[:, 0], cls_pos)
     logits = model(torch.randn(2, 3, *size))
@@ -157,8 +158,7 @@ def test_loaded_models_come_back_ready_to_predict(tmp_path):
     forwards of the same images agree, and agree with the trained model's own evaluation."""
     trained = small_vit(patch_drop=0.75, dropout=0.1).eval()
     path = tmp_path / "run.ckpt"
-    state = {f"model.{name}": tensor for name, tensor in trained.state_dict().items()}
-    torch.save({"state_dict": state, "vit_config": trained.config}, path)
+    write_training_checkpoint(path, trained)
     trained.save_safetensors(tmp_path / "vit.safetensors")
     images = torch.randn(4, 3, 16, 16)
     for model in (vit.ViT.from_checkpoint(path), vit.ViT.from_safetensors(tmp_path / "vit.safetensors")):
@@ -174,10 +174,9 @@ def test_state_dict_of_another_architecture_names_tensors_and_shapes():
 def test_from_checkpoint_at_another_image_size(tmp_path):
     trained = small_vit().eval()
     path = tmp_path / "run.ckpt"
-    state = {f"model.{name}": tensor for name, tensor in trained.state_dict().items()}
-    torch.save({"state_dict": state, "vit_config": trained.config}, path)
+    write_training_checkpoint(path, trained)
     model = vit.ViT.from_checkpoint(path, image_size=(24, 32)).eval()
-    assert model.image_size == (24, 32) and model.config["image_size"] == [24, 32]
+    assert model.image_size == (24, 32) and model.config.image_size == (24, 32)
     assert torch.isfinite(model(torch.randn(1, 3, 24, 32))).all()
     images = torch.randn(1, 3, 16, 16)
     torch.testing.assert_close(vit.ViT.from_checkpoint(path)(images), trained(images))
@@ -193,7 +192,7 @@ def test_forward_intermediates():
     assert len(last_two) == 2 and all(t.shape == (2, 17, 32) for t in last_two)
     first, last = model.forward_intermediates(images, layers=[0, -1], norm=True)
     torch.testing.assert_close(last, model.forward_features(images))
-    torch.testing.assert_close(first, model.norm(model.blocks[0](model._embed(images))))
+    torch.testing.assert_close(first, model.norm(model.blocks[0](model.embed(images))))
     torch.testing.assert_close(last_two[1], model.forward_intermediates(images, layers=[2])[0])
     with pytest.raises(ValueError, match=r"block indices \[3\] out of range"):
         model.forward_intermediates(images, layers=[0, 3])

@@ -75,12 +75,19 @@ def test_cls_only_shortcut_equals_the_full_forward():
         torch.testing.assert_close(model(images, mask=m), full, rtol=1e-5, atol=1e-6)
 
 
+def test_block_forward_cls_equals_the_first_row_of_forward():
+    block = small_vit().blocks[0].eval()
+    x = torch.randn(2, 17, 32)
+    for mask in (None, torch.rand(17, 17) > 0.3, torch.rand(17) > 0.3):
+        torch.testing.assert_close(block.forward_cls(x, mask=mask), block(x, mask=mask)[:, :1], rtol=1e-5, atol=1e-6)
+
+
 def test_patch_drop_keeps_cls_and_a_share_of_patches_in_training_only():
     model = small_vit(patch_drop=0.5)
     images = torch.randn(2, 3, 16, 16)
-    tokens = model._embed(images)
+    tokens = model.embed(images)
     assert tokens.shape == (2, 1 + 8, 32)
-    full = model.eval()._embed(images)
+    full = model.eval().embed(images)
     assert full.shape == (2, 17, 32)
     torch.testing.assert_close(tokens[:, 0], full[:, 0])  # CLS first, always kept
     for b in range(2):  # every kept token is one of the image's own tokens, with its position embedding
@@ -133,11 +140,14 @@ def test_attention_maps_equal_fused_forward():
     images = torch.randn(2, 3, 16, 16)
     maps = model.attention_maps(images)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 17))
-    x = model._embed(images)
-    for block in model.blocks:
-        x_weights, _ = block(x, need_weights=True)
+    x = model.embed(images)
+    for block, weights in zip(model.blocks, maps):
+        attn, reference = block.attn(block.norm1(x), need_weights=True)
+        torch.testing.assert_close(reference, weights)
+        by_hand = x + attn
+        by_hand = by_hand + block.mlp(block.norm2(by_hand))
         x = block(x)
-        torch.testing.assert_close(x, x_weights, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x, by_hand, rtol=1e-5, atol=1e-5)
 
 
 def test_no_weight_decay_names():
@@ -151,7 +161,7 @@ def test_no_weight_decay_names():
 
 def test_named_sizes():
     model = vit.ViT(**vit.size_config("tiny"))
-    assert len(model.blocks) == 9 and model.dim == 192
+    assert len(model.blocks) == 9 and model.config.dim == 192
     with pytest.raises(ValueError, match="unknown size 'huge'"):
         vit.size_config("huge")
 

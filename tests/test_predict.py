@@ -10,13 +10,13 @@ import torch
 from PIL import Image
 
 import vit
-from vit import predict
+from helpers import write_training_checkpoint
+from vit.tools import common, predict
 
 
 def save_checkpoint(path, num_classes=10):
     model = vit.ViT(image_size=16, patch_size=4, num_classes=num_classes, dim=32, depth=1, heads=2)
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
-    torch.save({"state_dict": state, "vit_config": model.config}, path)
+    write_training_checkpoint(path, model)
     return model.eval()
 
 
@@ -52,12 +52,12 @@ def test_predicts_every_image_and_reports_the_bad_file(tmp_path, inputs, capsys)
     for result in results[1:]:
         probs = [p["probability"] for p in result["predictions"]]
         assert len(probs) == 3 and probs == sorted(probs, reverse=True)
-        assert all(p["label"] in vit.cifar10.CIFAR10_CLASSES for p in result["predictions"])
+        assert all(p["label"] in vit.data.cifar10.CIFAR10_CLASSES for p in result["predictions"])
         assert f"{result['file']}: {result['predictions'][0]['label']}" in captured.out
 
     # the same numbers as the model on the resized, normalised image
-    image = predict.load_image(folder / "big.jpg", (16, 16))
-    expected = model(vit.cifar10.normalize(image[None])).softmax(-1)[0]
+    image = common.load_image(folder / "big.jpg", (16, 16))
+    expected = model(vit.data.cifar10.normalize(image[None])).softmax(-1)[0]
     top = results[1]["predictions"][0]
     assert top["probability"] == pytest.approx(expected.max().item(), abs=1e-6)
     assert top["index"] == expected.argmax().item()
@@ -103,7 +103,7 @@ def test_bad_arguments_are_one_error_line(tmp_path, inputs, capsys, args, messag
 
 
 def test_attention_maps_needs_at_least_one_image(tmp_path, capsys):
-    from vit import attention_maps
+    from vit.tools import attention_maps
 
     save_checkpoint(tmp_path / "run.ckpt")
     with pytest.raises(SystemExit):
@@ -115,7 +115,7 @@ def test_16_bit_grey_images_keep_their_brightness(tmp_path):
     grey = np.full((8, 8), 32896, dtype=np.uint16)  # 128 x 257: mid-grey on the 16-bit scale
     Image.fromarray(grey).save(tmp_path / "grey16.png")
     assert Image.open(tmp_path / "grey16.png").mode.startswith("I")
-    image = predict.load_image(tmp_path / "grey16.png", (8, 8))
+    image = common.load_image(tmp_path / "grey16.png", (8, 8))
     assert image.shape == (3, 8, 8) and (image == 128).all()
 
 
@@ -124,7 +124,7 @@ def test_photos_are_seen_upright_and_oversized_files_are_skipped(tmp_path, capsy
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: the stored pixels are to be turned 90 degrees clockwise for display
     Image.fromarray(upright).transpose(Image.Transpose.ROTATE_90).save(tmp_path / "photo.png", exif=exif)
-    assert torch.equal(predict.load_image(tmp_path / "photo.png", (8, 12)), torch.from_numpy(upright).permute(2, 0, 1))
+    assert torch.equal(common.load_image(tmp_path / "photo.png", (8, 12)), torch.from_numpy(upright).permute(2, 0, 1))
 
     save_checkpoint(tmp_path / "run.ckpt")
     random_image(tmp_path / "small.png", (8, 8))
@@ -137,7 +137,7 @@ def test_photos_are_seen_upright_and_oversized_files_are_skipped(tmp_path, capsy
 
 
 def test_half_precision_exports_predict_and_draw(tmp_path, capsys):
-    from vit import attention_maps
+    from vit.tools import attention_maps
 
     model = save_checkpoint(tmp_path / "run.ckpt")
     model.to(torch.bfloat16).save_safetensors(tmp_path / "bf16.safetensors")

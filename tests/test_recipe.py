@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 import vit
 from conftest import SMOKE, data_args
-from vit.augment import mix
-from vit.cifar10 import normalize, read_cifar10
-from vit.cli import main
-from vit.optim import MuonAdamW, orthogonalize
+from vit.data.augment import mix
+from vit.data.cifar10 import normalize, read_cifar10
+from vit.train.cli import main
+from vit.train.optim import MuonAdamW, orthogonalize
 
 TINY = dict(size="micro", dim=32, depth=2, heads=2)
 

@@ -6,8 +6,9 @@ import torch
 from PIL import Image
 
 import vit
-from vit import attention_maps
-from vit.rollout import attention_rollout
+from helpers import write_training_checkpoint
+from vit.tools import attention_maps
+from vit.nn.rollout import attention_rollout
 
 
 def small_vit(**kwargs):
@@ -51,8 +52,7 @@ def test_cls_that_sees_only_itself_rolls_out_to_itself():
 def checkpoint(tmp_path):
     model = small_vit(image_size=32)
     path = tmp_path / "run.ckpt"
-    state = {f"model.{name}": tensor for name, tensor in model.state_dict().items()}
-    torch.save({"state_dict": state, "vit_config": model.config}, path)
+    write_training_checkpoint(path, model)
     return path
 
 

@@ -8,7 +8,7 @@ import pytest
 # of each round.
 ROUNDS = """
 import resource, torch
-from vit.runtime import keep_freed_memory
+from vit.train.runtime import keep_freed_memory
 print(keep_freed_memory())
 for _ in range(6):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -28,7 +28,7 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 def test_trim_threshold_out_of_range_is_named():
-    from vit.runtime import keep_freed_memory
+    from vit.train.runtime import keep_freed_memory
 
     with pytest.raises(ValueError, match=r"trim_threshold must be in \[0, 2\*\*31\) bytes, got 4294967296"):
         keep_freed_memory(2**32)

@@ -12,8 +12,8 @@ import torch
 
 import vit
 from conftest import REPO, SMOKE, data_args
-from vit.callbacks import TrainingSpeed
-from vit.cli import main
+from vit.train.callbacks import TrainingSpeed
+from vit.train.cli import main
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
     metrics = tested.trainer.callback_metrics
     assert {"test/acc", "test/acc_top5", "test/loss"} <= set(metrics)
     assert 0 <= metrics["test/acc"] <= metrics["test/acc_top5"] <= 1
-    assert tested.model.model.dim == 32
+    assert tested.model.model.config.dim == 32
 
     # the plain backbone from the checkpoint computes what the Lightning module computes
     backbone = vit.ViT.from_checkpoint(ckpts / "last.ckpt").eval()
@@ -68,7 +68,7 @@ def test_fit_test_from_checkpoint_and_resume(fake_data, run_dir):
 def test_training_speed_times_training_batches_only(monkeypatch):
     """Images per second over an epoch: the first batch (compilation, warmup) and validation stay off the clock."""
     clock = iter([10.0, 12.0, 100.0, 101.0])  # every read of the time the callback may make, in order
-    monkeypatch.setattr("vit.callbacks.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("vit.train.callbacks.time.perf_counter", lambda: next(clock))
     logged = {}
     module = SimpleNamespace(device=torch.device("cpu"), log=lambda name, value, **kw: logged.update({name: value}))
     speed, batch = TrainingSpeed(), (torch.zeros(8, 3, 32, 32), torch.zeros(8))
@@ -90,7 +90,7 @@ def test_validate_uses_checkpoint_and_explicit_args_win(fake_data, run_dir):
     assert split.datamodule.val_size == 32
     validated = main(["validate", "--ckpt_path", last, *data_args(fake_data), "--model.tta_flip", "true"])
     assert "val/acc" in validated.trainer.callback_metrics
-    assert validated.model.hparams.tta_flip and validated.model.model.dim == 32
+    assert validated.model.hparams.tta_flip and validated.model.model.config.dim == 32
     # "last" and "best" name the newest run's files, not an untrained model
     explicit = main(["test", "--ckpt_path", last, *data_args(fake_data)]).trainer.callback_metrics
     for name in ("last", "best"):

@@ -1,4 +1,4 @@
-"""Reading training checkpoints safely: tensors and plain data only, never arbitrary pickled objects."""
+"""Training checkpoints: read safely (tensors and plain data only, never arbitrary pickled objects) into a ``ViT``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ from pathlib import Path
 
 import torch
 
-# The key under which a training checkpoint stores the ViT constructor arguments, and the state-dict prefixes
-# of the trained weights and of their exponential moving average.
+from vit.nn.config import ViTConfig, pair
+from vit.nn.vit import ViT
+
+# The key under which training checkpoints and safetensors headers store ``ViTConfig.to_dict()``, and the
+# state-dict prefixes of the trained weights and of their exponential moving average in a training checkpoint
+# (the attributes ``model`` and ``ema_model`` of ``vit.ViTClassifier``).
 CONFIG_KEY = "vit_config"
 PREFIXES = {"model": "model.", "ema": "ema_model."}
 
@@ -57,3 +61,24 @@ def vit_weights(ckpt: dict, path: str | os.PathLike, weights: str = "model") -> 
     if not state:
         raise ValueError(f"{str(path)!r} holds no {weights!r} weights (no keys starting with {prefix!r})")
     return dict(ckpt[CONFIG_KEY]), state
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, weights: str = "model", image_size: int | tuple[int, int] | None = None
+) -> ViT:
+    """The plain ``ViT`` of a training checkpoint written by ``vit.ViTClassifier``, weights loaded, in eval mode.
+
+    ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one.
+    ``image_size`` adapts the model to another input size (see ``ViT.resize_pos_embed``). The file is read
+    with ``torch.load(weights_only=True)``: loading it cannot run code.
+
+    Every loader returns eval mode, ready to predict: a run's config may hold training-only randomness
+    (``patch_drop`` drops tokens, ``dropout``) that would otherwise make every forward differ. Call
+    ``.train()`` to fine-tune.
+    """
+    config, state = vit_weights(load_checkpoint_file(path), path, weights)
+    model = ViT(ViTConfig.from_dict(config))
+    model.load_state_dict(state)
+    if image_size is not None:
+        model.resize_pos_embed(pair(image_size))
+    return model.eval()

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from vit.augment import BatchAugment
-from vit.cifar10 import CIFAR10_CLASSES, default_data_dir, download_cifar10, find_cifar10, normalize, read_cifar10
+from vit.data.augment import BatchAugment
+from vit.data.cifar10 import CIFAR10_CLASSES, default_data_dir, download_cifar10, find_cifar10, normalize, read_cifar10
 
 
 class _InMemory(Dataset):

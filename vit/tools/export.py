@@ -1,6 +1,6 @@
-"""Export a ViT: safetensors weights with their config (loadable without pickle), and ONNX.
+"""Export a trained ViT: safetensors weights with their config (loadable without pickle), and ONNX.
 
-    python -m vit.export --ckpt_path run.ckpt --safetensors vit.safetensors --onnx vit.onnx
+    vit-export --ckpt_path run.ckpt --safetensors vit.safetensors --onnx vit.onnx
 
 The ONNX graph takes normalised images ``(batch, C, H, W)`` at the model's image size (any batch size) and
 returns logits (or pooled features for a model without head). ONNX needs ``pip install 'vit[export]'``.
@@ -9,58 +9,14 @@ returns logits (or pooled features for a model without head). ONNX needs ``pip i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import warnings
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-from vit.model import ViT
-
-# Metadata key of the safetensors header holding ``ViT.config`` as JSON.
-CONFIG_KEY = "vit_config"
-
-
-def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
-    """Write ``model``'s weights to ``path`` with its config in the header, and the config as ``<stem>.json``.
-
-    The JSON beside the weights is for people and tools that do not read safetensors headers; loading reads
-    the header, so the ``.safetensors`` file alone is enough.
-    """
-    path = Path(path)
-    if path.with_suffix(".json") == path:
-        raise ValueError(f"{str(path)!r}: the weights need a suffix other than .json (e.g. .safetensors), as the "
-                         "config is written beside them as <stem>.json")
-    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(state, path, metadata={CONFIG_KEY: json.dumps(model.config)})
-    path.with_suffix(".json").write_text(json.dumps(model.config, indent=2) + "\n")
-
-
-def load_safetensors(path: str | os.PathLike) -> ViT:
-    """The ``ViT`` saved by :func:`save_safetensors` at ``path``, in eval mode: config from the header, then the
-    weights."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
-    try:
-        with safe_open(path, framework="pt") as f:
-            metadata = f.metadata() or {}
-            state = {name: f.get_tensor(name) for name in f.keys()}
-    except SafetensorError as err:
-        raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
-    if CONFIG_KEY not in metadata:
-        raise ValueError(
-            f"{str(path)!r} has no {CONFIG_KEY!r} in its metadata: it was not written by ViT.save_safetensors. "
-            "Build the ViT yourself and call model.load_state_dict(safetensors.torch.load_file(path))"
-        )
-    model = ViT(**json.loads(metadata[CONFIG_KEY]))
-    if "pos_embed" in state:
-        model.to(state["pos_embed"].dtype)  # as saved: a bf16 export loads as bf16
-    model.load_state_dict(state)
-    return model.eval()  # as ViT.from_checkpoint: ready to predict, no training-only randomness
+from vit.nn.vit import ViT
+from vit.tools.common import check_output_path, load_model_or_exit
+from vit.weights import save_safetensors
 
 
 def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None:
@@ -90,7 +46,7 @@ def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vit.export", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="vit-export", description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
     parser.add_argument("--image-size", type=int, nargs="+", help="resize the model to H [W] before exporting")
@@ -100,8 +56,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not (args.safetensors or args.onnx):
         parser.error("nothing to do: pass --safetensors and/or --onnx")
-
-    from vit.predict import check_output_path, load_model_or_exit
 
     check_output_path(parser, "--safetensors", args.safetensors)
     check_output_path(parser, "--onnx", args.onnx)

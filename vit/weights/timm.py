@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from einops import rearrange
 from torch import Tensor, nn
 
-from vit.model import ViT, _pair
+from vit.nn.config import ViTConfig, pair
+from vit.nn.vit import ViT
 
 # timm's LayerNorm default; a state dict does not record it.
 TIMM_NORM_EPS = 1e-6
@@ -64,7 +65,8 @@ def vit_from_timm(
     attn_dropout: float = 0.0,
     drop_path: float = 0.0,
 ) -> ViT:
-    """A ``vit.ViT`` holding the weights of a timm ``VisionTransformer``; in fp32 both give the same logits.
+    """A ``vit.ViT`` holding the weights of a timm ``VisionTransformer``, in eval mode (as every loader); in fp32
+    both give the same logits.
 
     Args:
         source: a ``timm.models.vision_transformer.VisionTransformer``, or its ``state_dict()``.
@@ -101,9 +103,9 @@ def vit_from_timm(
         dropout=dropout, attn_dropout=attn_dropout, drop_path=drop_path,
     )
     pos_embed = state["pos_embed"]
-    model = ViT(**config).to(dtype=pos_embed.dtype, device=pos_embed.device)  # where and as the source keeps them
+    model = ViT(ViTConfig(**config)).to(dtype=pos_embed.dtype, device=pos_embed.device)  # as the source keeps them
     model.load_state_dict(convert_state_dict(state))
-    return model
+    return model.eval()  # as every loader: ready to predict
 
 
 def convert_state_dict(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -151,7 +153,7 @@ def _config_from_shapes(state: dict[str, Tensor], *, heads: int, image_size: int
                 "position embeddings for the class token, no_embed_class=True, is unsupported)"
             )
         image_size = side * patch_h
-    grid = [side // patch_h for side in _pair(image_size)]
+    grid = [side // patch_h for side in pair(image_size)]
     if positions == grid[0] * grid[1]:
         raise ValueError(
             "unsupported timm ViT feature: no position embedding for the class token (no_embed_class=True)"

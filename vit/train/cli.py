@@ -19,11 +19,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from vit.callbacks import LastCheckpoint
-from vit.checkpoint import CONFIG_KEY, load_checkpoint_file
-from vit.data import CIFAR10DataModule
-from vit.lightning import ViTClassifier
-from vit.runtime import keep_freed_memory
+from vit.train.callbacks import LastCheckpoint
+from vit.weights.checkpoint import CONFIG_KEY, load_checkpoint_file
+from vit.data.datamodule import CIFAR10DataModule
+from vit.train.classifier import ViTClassifier
+from vit.train.runtime import keep_freed_memory
 
 
 class ArgumentParser(LightningArgumentParser):
@@ -107,9 +107,9 @@ class ViTCLI(LightningCLI):
                 },
                 "trainer.callbacks": [
                     {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor"},
-                    {"class_path": "vit.callbacks.TrainingSpeed"},
+                    {"class_path": "vit.train.callbacks.TrainingSpeed"},
                 ],
-                "trainer.plugins": [{"class_path": "vit.callbacks.AtomicCheckpointIO"}],
+                "trainer.plugins": [{"class_path": "vit.train.callbacks.AtomicCheckpointIO"}],
             }
         )
 
@@ -191,7 +191,7 @@ class ViTCLI(LightningCLI):
             return (f"checkpoint {path!r} was trained without a weight average (ema_decay 0), so it has no "
                     "ema_model to evaluate or resume: drop --model.ema_decay and --model.eval_ema")
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        saved, built = ckpt.get(CONFIG_KEY, {}), self.model.model.config
+        saved, built = ckpt.get(CONFIG_KEY, {}), self.model.model.config.to_dict()
         changed = ", ".join(f"{k}={built[k]} (checkpoint: {v})" for k, v in saved.items() if built.get(k) != v)
         hint = f"This command asks for {changed}: drop those arguments" if changed else "Check the --model arguments"
         return (

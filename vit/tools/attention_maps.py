@@ -1,7 +1,7 @@
 """Where the model looks: a PNG grid of images, their attention rollout overlaid, and the prediction.
 
-    python -m vit.attention_maps --ckpt_path run.ckpt --out attn.png --num-images 8   # CIFAR-10 test images
-    python -m vit.attention_maps --ckpt_path run.ckpt --out attn.png cat.png dog.jpg  # your own files
+    vit-attention-maps --ckpt_path run.ckpt --out attn.png --num-images 8   # CIFAR-10 test images
+    vit-attention-maps --ckpt_path run.ckpt --out attn.png cat.png dog.jpg  # your own files
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from vit.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
-from vit.model import ViT
-from vit.predict import check_output_path, class_names, find_images, load_image, load_model_or_exit, predict
-from vit.rollout import attention_rollout
+from vit.data.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
+from vit.nn.rollout import attention_rollout
+from vit.nn.vit import ViT
+from vit.tools.common import check_output_path, class_names, find_images, load_image, load_model_or_exit, predict
 
 TILE = 128  # images are shown at least this tall: CIFAR-10's 32 pixels are too small to read
 CAPTION = 28  # pixels of text under each image pair
@@ -58,7 +58,7 @@ def render(images: Tensor, heat: Tensor, captions: Sequence[str], columns: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vit.attention_maps", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="vit-attention-maps", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*", help="image files and folders; without them, CIFAR-10 test images")
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors export")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from vit.model import ViT
+from vit.nn.vit import ViT
 
 
 @torch.no_grad()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from typing import Literal
 
@@ -15,58 +14,49 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vit.augment import mix
-from vit.checkpoint import CONFIG_KEY
-from vit.model import ViT, _pair, size_config
-from vit.optim import MuonAdamW
+from vit.data.augment import mix
+from vit.nn.config import ViTConfig
+from vit.nn.vit import ViT
+from vit.train.optim import make_optimizer, param_groups, warmup_cosine
+from vit.weights.checkpoint import CONFIG_KEY
 
 
 class ViTClassifier(L.LightningModule):
     """Trains a :class:`vit.ViT` classifier; the constructor arguments are the ``model:`` section of a config.
 
-    Architecture: ``size`` names a row of ``vit.SIZES``; ``dim``, ``depth``, ``heads`` and ``mlp_ratio``
-    override it when given. The remaining architecture arguments are those of :class:`vit.ViT`.
+    The architecture arguments are the fields of ``vit.ViTConfig`` (``size``, ``image_size``, ``dim``,
+    ``patch_drop``, ...), given flat beside the training ones: ``--model.size micro --model.lr 2e-3``.
 
-    Optimisation: AdamW (weight decay on weight matrices only), or with ``optimizer="muon"`` Muon at ``muon_lr``
-    for the blocks' weight matrices and AdamW at ``lr`` for the rest (:class:`vit.optim.MuonAdamW`); a linear
-    warmup over the first ``warmup_fraction`` of the optimizer steps, then cosine decay to ``min_lr_ratio``
-    times the base rates. The default ``muon_lr`` is the best of 0.0025-0.04 for ``configs/cifar10_cpu15.yaml``
-    (README, Results); Muon's usual 0.02 made that ViT train far worse, and 0.04 diverged.
+    Optimisation: AdamW with weight decay on weight matrices only, or Muon for the blocks' weight matrices and
+    AdamW for the rest (``vit.train.optim``); a linear warmup, then cosine decay, per optimizer step.
 
-    Regularisation: ``label_smoothing``; mixup/CutMix with soft targets when ``mixup_alpha`` or
-    ``cutmix_alpha`` > 0 (accuracy is still measured on the hard labels); stochastic depth ``drop_path``;
-    ``patch_drop`` drops that share of patch tokens from each training image (cheaper steps), for the first
-    ``patch_drop_until`` share of the optimizer steps; the steps after that see every token, as evaluation does.
-
-    Progressive resolution: with ``low_res_size``, the first ``low_res_until`` share of the optimizer steps
-    trains on images downsampled (antialiased bilinear) to ``low_res_size`` pixels a side, through position
-    embeddings resampled to the smaller patch grid; the model is built with ``dynamic_img_size``. Those steps
-    cost about as much as ``patch_drop`` at full size (16 of 64 tokens at 16x16 with patch 4) but keep the whole
-    image; no patches are dropped from them. The later steps, and evaluation, use the full size.
-
-    Evaluation: ``ema_decay`` > 0 keeps an exponential moving average of the weights (``ema_model``);
-    ``eval_ema`` makes validation and test evaluate it instead of the raw weights; ``tta_flip`` averages the
-    predictions of each image and its mirror image.
+    Args:
+        patch_drop_until: share of the optimizer steps that drop patches (patch_drop); the later steps see
+            every token, as evaluation does.
+        low_res_size: train the first low_res_until share of the steps on images downsampled to this many
+            pixels a side (progressive resolution; the model gets dynamic_img_size). None: off.
+        low_res_until: share of the optimizer steps at low_res_size.
+        optimizer: adamw, or muon (Muon at muon_lr for the blocks' weight matrices, AdamW at lr for the rest).
+        lr: peak learning rate of AdamW.
+        muon_lr: peak learning rate of Muon (with optimizer muon).
+        weight_decay: decoupled weight decay of the weight matrices (biases, norms and embeddings get none).
+        betas: AdamW's moment decay rates.
+        warmup_fraction: share of the optimizer steps of linear warmup.
+        min_lr_ratio: learning rate at the end of the cosine decay, as a share of the peak.
+        label_smoothing: label smoothing of the training loss.
+        mixup_alpha: mixup's Beta parameter; 0 turns mixup off.
+        cutmix_alpha: CutMix's Beta parameter; 0 turns CutMix off.
+        mix_prob: probability that a batch is mixed (with mixup_alpha or cutmix_alpha).
+        ema_decay: decay of an exponential moving average of the weights; 0 keeps none.
+        eval_ema: validate and test the weight average instead of the trained weights.
+        tta_flip: average each evaluated image's predictions with its mirror image's.
+        compile: compile the network with torch.compile.
+        **arch: the architecture: the fields of vit.ViTConfig.
     """
 
     def __init__(
         self,
-        size: str = "tiny",
-        image_size: int | tuple[int, int] = 32,
-        patch_size: int = 4,
-        num_classes: int = 10,
-        dim: int | None = None,
-        depth: int | None = None,
-        heads: int | None = None,
-        mlp_ratio: float | None = None,
-        pool: Literal["cls", "mean"] = "cls",
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        drop_path: float = 0.1,
-        patch_drop: float = 0.0,
         patch_drop_until: float = 1.0,
-        qkv_bias: bool = True,
-        init: Literal["trunc_normal", "mimetic"] = "trunc_normal",
         low_res_size: int | None = None,
         low_res_until: float = 0.5,
         optimizer: Literal["adamw", "muon"] = "adamw",
@@ -84,18 +74,21 @@ class ViTClassifier(L.LightningModule):
         eval_ema: bool = False,
         tta_flip: bool = False,
         compile: bool = False,
+        **arch,
     ) -> None:
         super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2 for classification training, got {num_classes}")
+        config = ViTConfig(**arch)
+        if config.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2 for classification training, got {config.num_classes}")
         if not 0 <= patch_drop_until <= 1:
             raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the steps), got {patch_drop_until}")
         if not 0 <= low_res_until <= 1:
             raise ValueError(f"low_res_until must be in [0, 1] (a share of the steps), got {low_res_until}")
-        if low_res_size is not None and not (0 < low_res_size < min(_pair(image_size))
-                                             and low_res_size % patch_size == 0):
-            raise ValueError(f"low_res_size {low_res_size} must be smaller than image_size {image_size} and "
-                             f"divisible by patch_size {patch_size}")
+        if low_res_size is not None:
+            if not (0 < low_res_size < min(config.image_size) and low_res_size % config.patch_size == 0):
+                raise ValueError(f"low_res_size {low_res_size} must be smaller than image_size "
+                                 f"{min(config.image_size)} and divisible by patch_size {config.patch_size}")
+            config = config.replace(dynamic_img_size=True)  # the low-resolution steps need another patch grid
         if lr <= 0 or muon_lr <= 0:
             raise ValueError(f"lr and muon_lr must be positive, got {lr} and {muon_lr}")
         if optimizer not in ("adamw", "muon"):
@@ -118,16 +111,10 @@ class ViTClassifier(L.LightningModule):
             raise ValueError("eval_ema needs a weight average: train with ema_decay > 0 (e.g. 0.999); "
                              "a checkpoint trained without one has none to evaluate")
         self.save_hyperparameters()
-        arch = size_config(size)
-        overrides = dict(dim=dim, depth=depth, heads=heads, mlp_ratio=mlp_ratio)
-        arch.update({k: v for k, v in overrides.items() if v is not None})
-        self.model = ViT(
-            image_size=image_size, patch_size=patch_size, num_classes=num_classes, pool=pool, dropout=dropout,
-            attn_dropout=attn_dropout, drop_path=drop_path, patch_drop=patch_drop, qkv_bias=qkv_bias, init=init,
-            dynamic_img_size=low_res_size is not None, **arch,
-        )
+        self.model = ViT(config)
         # The average is a frozen copy updated after each optimizer step; it is never trained.
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
+        num_classes = config.num_classes
         metrics = MetricCollection(
             {
                 "acc": MulticlassAccuracy(num_classes, top_k=1, average="micro"),
@@ -158,12 +145,12 @@ class ViTClassifier(L.LightningModule):
             step, total = self.global_step, self.trainer.estimated_stepping_batches
             low_res = hp.low_res_size is not None and step < hp.low_res_until * total
             dropping = not low_res and step < hp.patch_drop_until * total
-            self.model.patch_drop = hp.patch_drop if dropping else 0.0
+            self.model.patch_drop = self.model.config.patch_drop if dropping else 0.0
             if low_res:
                 images = F.interpolate(images, size=hp.low_res_size, mode="bilinear", antialias=True)
         targets: Tensor = labels
         if hp.mixup_alpha > 0 or hp.cutmix_alpha > 0:
-            images, targets = mix(images, labels, hp.num_classes, mixup_alpha=hp.mixup_alpha,
+            images, targets = mix(images, labels, self.model.num_classes, mixup_alpha=hp.mixup_alpha,
                                   cutmix_alpha=hp.cutmix_alpha, prob=hp.mix_prob)
         logits = self.model(images)
         # cross_entropy takes class indices or, after mixing, class probabilities
@@ -214,33 +201,10 @@ class ViTClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        exempt = self.model.no_weight_decay()
-        params = dict(self.model.named_parameters())
-        # Muon takes the weight matrices inside the blocks; the patch embedding and the head stay on AdamW.
-        matrices = {n for n, p in params.items() if hp.optimizer == "muon" and n.startswith("blocks.") and p.ndim == 2}
-        groups = [
-            {"params": [p for n, p in params.items() if n not in exempt | matrices], "weight_decay": hp.weight_decay,
-             "name": "decay"},
-            {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
-        ]
-        if matrices:
-            # decay scaled so that the matrices shrink per step exactly as much as the AdamW ones (p *= 1 - lr * wd)
-            groups.append({"params": [params[n] for n in sorted(matrices)], "lr": hp.muon_lr, "muon": True,
-                           "weight_decay": hp.weight_decay * hp.lr / hp.muon_lr, "name": "muon"})
-            optimizer = MuonAdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
-        else:
-            # the fused kernel updates all tensors in one pass: hundreds fewer small ops per step than the default
-            fused = all(p.device.type in ("cpu", "cuda") for p in params.values())
-            optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), fused=fused)
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = int(hp.warmup_fraction * total)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
+        groups = param_groups(self.model, weight_decay=hp.weight_decay, lr=hp.lr,
+                              muon_lr=hp.muon_lr if hp.optimizer == "muon" else None)
+        optimizer = make_optimizer(groups, lr=hp.lr, betas=hp.betas)
+        schedule = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -259,4 +223,4 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # plain data, so that vit.ViT.from_checkpoint can rebuild the network without Lightning
-        checkpoint[CONFIG_KEY] = self.model.config
+        checkpoint[CONFIG_KEY] = self.model.config.to_dict()
