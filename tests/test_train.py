@@ -12,6 +12,8 @@ import torch
 
 import vit
 from conftest import REPO, SMOKE, data_args
+from lightning.pytorch.callbacks import Timer
+
 from vit.train.callbacks import TrainingSpeed
 from vit.train.cli import main
 
@@ -153,3 +155,19 @@ def test_weight_average_updates_once_per_optimizer_step(fake_data, workdir, monk
     cli = main(["fit", "--config", SMOKE, *data_args(fake_data), "--model.ema_decay", "0.9",
                 "--trainer.accumulate_grad_batches", "2"])
     assert cli.trainer.global_step == 4 and updates == [1, 2, 3, 4]
+
+
+def test_time_budget_alone_sizes_the_schedule(fake_data, workdir):
+    """max_time without max_epochs/max_steps: the warmup + cosine runs over the budget and ends where it ends."""
+    budget = 6  # seconds
+    cli = main(["fit", "--config", SMOKE, *data_args(fake_data), "--trainer.max_epochs", "-1",
+                "--trainer.max_time", f"00:00:00:0{budget}", "--trainer.limit_train_batches", "2",
+                "--trainer.check_val_every_n_epoch", "5", "--model.min_lr_ratio", "0.1"])
+    timer = next(c for c in cli.trainer.callbacks if isinstance(c, Timer))
+    assert budget <= timer.time_elapsed() < budget + 3  # stopped by the budget, within a step or so of it
+    with open(Path(cli.trainer.log_dir) / "metrics.csv") as f:
+        lrs = [float(row["lr-AdamW/decay"]) for row in csv.DictReader(f) if row.get("lr-AdamW/decay")]
+    peak = cli.model.hparams.lr
+    assert len(lrs) > 10 and max(lrs) > 0.9 * peak  # warmed up to the peak ...
+    assert lrs[-1] < 0.15 * peak  # ... and decayed to about min_lr_ratio x peak when the time ran out
+    assert all(a >= b for a, b in zip(lrs[lrs.index(max(lrs)):], lrs[lrs.index(max(lrs)) + 1:]))

@@ -33,7 +33,7 @@ def load_model(
     if Path(path).suffix == ".safetensors":
         if weights != "model":
             raise ValueError(f"{str(path)!r} is an export, which holds one set of weights: --weights {weights} is "
-                             "for training checkpoints (export the weight average with vit.export --weights ema)")
+                             "for training checkpoints (export the weight average with vit-export --weights ema)")
         model = load_safetensors(path)
         if image_size is not None:
             model.resize_pos_embed(image_size)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MetricCollection
@@ -17,7 +19,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.data.augment import mix
 from vit.nn.config import ViTConfig
 from vit.nn.vit import ViT
-from vit.train.optim import make_optimizer, param_groups, warmup_cosine
+from vit.train.optim import make_optimizer, param_groups, warmup_cosine, warmup_cosine_by_progress
 from vit.weights.checkpoint import CONFIG_KEY
 
 
@@ -141,10 +143,9 @@ class ViTClassifier(L.LightningModule):
         images, labels = batch
         hp = self.hparams
         if hp.patch_drop_until < 1 or hp.low_res_size is not None:
-            # from global_step alone, so a resumed run does exactly what the uninterrupted one would
-            step, total = self.global_step, self.trainer.estimated_stepping_batches
-            low_res = hp.low_res_size is not None and step < hp.low_res_until * total
-            dropping = not low_res and step < hp.patch_drop_until * total
+            progress = self.run_progress()
+            low_res = hp.low_res_size is not None and progress < hp.low_res_until
+            dropping = not low_res and progress < hp.patch_drop_until
             self.model.patch_drop = self.model.config.patch_drop if dropping else 0.0
             if low_res:
                 images = F.interpolate(images, size=hp.low_res_size, mode="bilinear", antialias=True)
@@ -204,14 +205,44 @@ class ViTClassifier(L.LightningModule):
         groups = param_groups(self.model, weight_decay=hp.weight_decay, lr=hp.lr,
                               muon_lr=hp.muon_lr if hp.optimizer == "muon" else None)
         optimizer = make_optimizer(groups, lr=hp.lr, betas=hp.betas)
-        schedule = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
+        if self._time_budget() is None:
+            schedule = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)
+        else:
+            def schedule(step: int) -> float:
+                return warmup_cosine_by_progress(self.run_progress(), hp.warmup_fraction, hp.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def run_progress(self) -> float:
+        """The share of the run done, from 0 to 1: optimizer steps over the run's steps, or, for a run bounded by
+        ``max_time`` alone, the training time spent over the budget (a resumed run counts the time before it).
+
+        Steps make the schedule a function of the step alone, so the same config and seed give the same run. Time
+        fills a budget on a machine of any speed, but the step count, and so the run, depends on the machine.
+        """
+        timer = self._time_budget()
+        if timer is None:
+            return self.global_step / max(self.trainer.estimated_stepping_batches, 1)
+        elapsed = timer.time_elapsed()
+        progress = min(elapsed / (elapsed + timer.time_remaining()), 1.0)
+        if self.trainer.world_size > 1:  # every process must step with the same learning rate
+            progress = self.trainer.strategy.broadcast(progress)
+        return progress
+
+    def _time_budget(self) -> Timer | None:
+        """Lightning's ``max_time`` timer, when it alone bounds the run (no ``max_steps``, ``max_epochs`` -1)."""
+        if math.isfinite(self.trainer.estimated_stepping_batches):
+            return None
+        return next(c for c in self.trainer.callbacks if isinstance(c, Timer) and c.time_remaining() is not None)
 
     # ---- run folder and checkpoints -----------------------------------------------------------------------
 
     def on_fit_start(self) -> None:
         rank_zero_info(f"run folder: {self.trainer.log_dir}")
+        timer = self._time_budget()
+        if timer is not None:
+            budget = timer.time_elapsed() + timer.time_remaining()
+            rank_zero_info(f"learning-rate schedule: warmup and cosine decay over the max_time budget of {budget:.0f} s")
 
     def on_fit_end(self) -> None:
         if self.trainer.log_dir is None:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import difflib
 import os
 import re
-import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -19,11 +16,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from vit.train.callbacks import LastCheckpoint
-from vit.weights.checkpoint import CONFIG_KEY, load_checkpoint_file
 from vit.data.datamodule import CIFAR10DataModule
+from vit.train import runs
+from vit.train.callbacks import LastCheckpoint
 from vit.train.classifier import ViTClassifier
 from vit.train.runtime import keep_freed_memory
+from vit.weights.checkpoint import CONFIG_KEY, load_checkpoint_file
 
 
 class ArgumentParser(LightningArgumentParser):
@@ -135,10 +133,10 @@ class ViTCLI(LightningCLI):
                 raise ValueError(f"trainer.max_epochs must be positive (or -1 for no limit), got {max_epochs}")
             if max_epochs is None:  # Lightning's default: 1000 epochs, unless max_steps or max_time bounds the run
                 max_epochs = 1000 if max_steps == -1 and trainer.max_time is None else -1
-            if max_epochs == -1 and max_steps in (None, -1):
+            if max_epochs == -1 and max_steps in (None, -1) and trainer.max_time is None:
                 raise ValueError(
-                    "the warmup + cosine schedule needs the run's length: set trainer.max_epochs or "
-                    "trainer.max_steps (max_time still stops the run early, mid-schedule)"
+                    "the warmup + cosine schedule needs the run's length: set trainer.max_epochs, "
+                    "trainer.max_steps or trainer.max_time (a time budget alone sizes the schedule to the time)"
                 )
 
     def after_instantiate_classes(self) -> None:
@@ -149,7 +147,8 @@ class ViTCLI(LightningCLI):
             try:
                 self.model.load_state_dict(ckpt["state_dict"])  # as the trainer will, pos_embed resampling included
             except RuntimeError:
-                raise ValueError(self._mismatch_message(path, ckpt)) from None
+                ours, built = self.model.state_dict(), self.model.model.config.to_dict()
+                raise ValueError(runs.mismatch_message(path, ckpt, ours, built, CONFIG_KEY)) from None
 
     def before_fit(self) -> None:
         self._keep_metrics_history()
@@ -157,20 +156,15 @@ class ViTCLI(LightningCLI):
     def _keep_metrics_history(self) -> None:
         """A resumed run keeps the rows of its ``metrics.csv`` up to the checkpoint's step.
 
-        Lightning's CSV writer deletes the file it finds in its folder; the rows are read first and written back
-        through the new writer, which then appends the resumed run's rows. Rows past the checkpoint (logged after
-        it, before a crash) go: the resumed run logs those steps again.
+        Lightning's CSV writer deletes the file it finds in its folder: the rows are read first and written back
+        through the new writer, which then appends the resumed run's rows.
         """
         logger = self.trainer.logger
         if self._resumed_step is None or not isinstance(logger, CSVLogger) or not self.trainer.is_global_zero:
             return
-        path = Path(logger.log_dir) / ExperimentWriter.NAME_METRICS_FILE
-        if not path.is_file():
-            return
-        with open(path, newline="") as f:
-            rows = [row for row in csv.DictReader(f) if int(float(row["step"])) < self._resumed_step]
+        rows = runs.metrics_rows_before(Path(logger.log_dir) / ExperimentWriter.NAME_METRICS_FILE, self._resumed_step)
         writer = logger.experiment  # this deletes the file
-        writer.metrics = [{k: v for k, v in row.items() if v != ""} for row in rows]
+        writer.metrics = rows
         writer.save()
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -179,36 +173,10 @@ class ViTCLI(LightningCLI):
             trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, SaveConfigCallback)]
         return trainer
 
-    def _mismatch_message(self, path: str, ckpt: dict) -> str:
-        """Which tensors differ between a checkpoint and the model, and which arguments made them differ."""
-        ours = self.model.state_dict()
-        theirs = ckpt["state_dict"]
-        problems = [f"{k} is {tuple(v.shape)} in the checkpoint but {tuple(ours[k].shape)} here"
-                    for k, v in theirs.items() if k in ours and v.shape != ours[k].shape]
-        problems += [f"{k} is missing from the checkpoint" for k in ours.keys() - theirs.keys()]
-        problems += [f"{k} is in the checkpoint but not in this model" for k in theirs.keys() - ours.keys()]
-        if any(k.startswith("ema_model.") for k in ours) and not any(k.startswith("ema_model.") for k in theirs):
-            return (f"checkpoint {path!r} was trained without a weight average (ema_decay 0), so it has no "
-                    "ema_model to evaluate or resume: drop --model.ema_decay and --model.eval_ema")
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        saved, built = ckpt.get(CONFIG_KEY, {}), self.model.model.config.to_dict()
-        changed = ", ".join(f"{k}={built[k]} (checkpoint: {v})" for k, v in saved.items() if built.get(k) != v)
-        hint = f"This command asks for {changed}: drop those arguments" if changed else "Check the --model arguments"
-        return (
-            f"checkpoint {path!r} does not fit the model: {'; '.join(problems[:3])}{more}. "
-            f"{hint} to use the checkpoint's architecture."
-        )
-
     def _remove_run_folder_without_results(self) -> None:
-        """A failed command that wrote no checkpoint and no metric leaves no run folder that looks like a result."""
         trainer = getattr(self, "trainer", None)
-        if trainer is None or trainer.logger is None or not trainer.is_global_zero or trainer.logger.log_dir is None:
-            return
-        run = Path(trainer.logger.log_dir)
-        if run.is_dir() and all(p.is_dir() or p.name in ("config.yaml", "hparams.yaml") for p in run.rglob("*")):
-            shutil.rmtree(run)
-            with contextlib.suppress(OSError):  # and the run name's folder, if that was its only run
-                run.parent.rmdir()
+        if trainer is not None and trainer.logger is not None and trainer.is_global_zero and trainer.logger.log_dir:
+            runs.remove_if_no_results(Path(trainer.logger.log_dir))
 
     def _parse_ckpt_path(self) -> None:
         """Take the model's arguments from the checkpoint as defaults that explicit arguments override."""
@@ -219,20 +187,18 @@ class ViTCLI(LightningCLI):
         # "last" (and, to evaluate, "best") name the newest run's file: in a fresh process Lightning itself has no
         # checkpoint of that name, and would evaluate the untrained model or fail with a misleading message
         if ckpt_path == "last" or (ckpt_path == "best" and subcommand in ("validate", "test")):
-            ckpt_path = self._newest_checkpoint(ckpt_path)
+            args = self._logger_args()
+            root = Path(args.save_dir) / args.name if args is not None else Path("runs")
+            ckpt_path = runs.newest_checkpoint(root, ckpt_path, "resume from" if subcommand == "fit" else "evaluate")
             self.config[subcommand]["ckpt_path"] = ckpt_path
         if not ckpt_path or ckpt_path in ("best", "last", "hpc", "registry"):
             return
         ckpt = load_checkpoint_file(ckpt_path)  # a clear error for a missing, foreign or unsafe file
         self._ckpt = (ckpt_path, ckpt)
-        hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
-        defaults = {f"model.{k}": list(v) if isinstance(v, tuple) else v for k, v in hparams.items()}
-        # the run's validation split too: another val_size would validate on images the run trained on
-        val_size = ckpt.get("datamodule_hyper_parameters", {}).get("val_size")
-        if val_size is not None:
-            defaults["data.val_size"] = val_size
+        defaults = runs.checkpoint_defaults(ckpt)
+        val_size = defaults.get("data.val_size")
         args = list(self._cli_args)
-        run_config = self._run_folder(Path(ckpt_path), ckpt) / "config.yaml"
+        run_config = runs.run_folder(ckpt_path, ckpt) / "config.yaml"
         if subcommand == "fit" and not _typed(args, "--config") and run_config.is_file():
             # Resuming continues the run as it was configured (its schedule's length, batch size, augmentation):
             # the run's own config, under the arguments typed now, rather than the defaults.
@@ -253,34 +219,9 @@ class ViTCLI(LightningCLI):
         logger = self.config[self.config.subcommand].trainer.logger
         return logger.init_args if hasattr(logger, "init_args") else None
 
-    def _newest_checkpoint(self, name: str) -> str:
-        """``checkpoints/<name>.ckpt`` of the newest run of the configured logger name."""
-        args = self._logger_args()
-        root = Path(args.save_dir) / args.name if args is not None else Path("runs")
-        found = sorted(root.glob(f"version_*/checkpoints/{name}.ckpt"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            purpose = "resume from" if self.config.subcommand == "fit" else "evaluate"
-            raise FileNotFoundError(f"--ckpt_path {name}: no {root}/version_*/checkpoints/{name}.ckpt to {purpose}")
-        return str(found[-1])
-
-    @staticmethod
-    def _run_folder(ckpt_path: Path, ckpt: dict) -> Path:
-        """The run folder a checkpoint was written to, spelled as the run spelled it (e.g. relative ``runs/...``).
-
-        The spelling matters: Lightning's ModelCheckpoint restores its best score only when the folder's path
-        string is unchanged, and without it the first validation after a resume replaces best.ckpt whatever
-        its score.
-        """
-        run = ckpt_path.resolve().parent.parent
-        for state in ckpt.get("callbacks", {}).values():
-            dirpath = state.get("dirpath") if isinstance(state, dict) else None
-            if dirpath and Path(dirpath).resolve() == run / "checkpoints":
-                return Path(dirpath).parent
-        return run
-
     def _resume_into(self, ckpt_path: Path, ckpt: dict) -> None:
         """Log into the run folder the checkpoint came from, so a resumed run stays one run."""
-        run = self._run_folder(ckpt_path, ckpt)
+        run = runs.run_folder(ckpt_path, ckpt)
         args = self._logger_args()
         if args is not None and run.name.startswith("version_"):
             args.save_dir, args.name, args.version = str(run.parent.parent), run.parent.name, run.name
@@ -293,7 +234,7 @@ def main(args: list[str] | None = None) -> ViTCLI:
     errors do (``SystemExit``, the original exception as its ``__cause__``). Errors raised inside the training
     and evaluation loops keep their traceback: they are failures of a run, not of its arguments.
 
-    The process keeps freed memory for reuse (:func:`vit.runtime.keep_freed_memory`): a run owns its process,
+    The process keeps freed memory for reuse (:func:`vit.train.runtime.keep_freed_memory`): a run owns its process,
     and CPU training steps then stop paying page faults for activations allocated anew every step.
     """
     keep_freed_memory()

@@ -53,10 +53,22 @@ def warmup_cosine(total_steps: int, warmup_fraction: float, min_lr_ratio: float)
     def schedule(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return cosine_decay((step - warmup) / max(total - warmup, 1), min_lr_ratio)
 
     return schedule
+
+
+def warmup_cosine_by_progress(progress: float, warmup_fraction: float, min_lr_ratio: float) -> float:
+    """The same schedule as a function of the share of the run done, ``progress`` in [0, 1]: for a run bounded by
+    time, where the step count is not known in advance."""
+    if progress < warmup_fraction:
+        return progress / warmup_fraction
+    return cosine_decay((progress - warmup_fraction) / (1 - warmup_fraction), min_lr_ratio)
+
+
+def cosine_decay(progress: float, min_lr_ratio: float) -> float:
+    """From 1 at ``progress`` 0 down to ``min_lr_ratio`` at 1 (and after it), along half a cosine."""
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def orthogonalize(update: Tensor, steps: int = 5) -> Tensor:
