@@ -1,28 +1,10 @@
+"""Fixtures only; the constants and builders they use live in helpers.py (import them from ``helpers``)."""
+
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-REAL_CIFAR10 = REPO.parent / "shared" / "data" / "cifar-10-batches-bin"
-SMOKE = str(REPO / "configs" / "smoke.yaml")
-
-
-def data_args(data_dir) -> list[str]:
-    """Command-line options that point a run at fake data (see ``fake_data``)."""
-    return ["--data.data_dir", str(data_dir), "--data.verify", "false", "--data.val_size", "64"]
-
-
-def write_fake_cifar10(root: Path, per_file: int = 64, seed: int = 0) -> Path:
-    """Small random data in the official binary layout: 5 training files and a test file of ``per_file`` records."""
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-bin"
-    folder.mkdir(parents=True)
-    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
-        labels = np.arange(per_file, dtype=np.uint8) % 10
-        pixels = rng.integers(0, 256, size=(per_file, 3072), dtype=np.uint8)
-        np.concatenate([labels[:, None], pixels], axis=1).tofile(folder / name)
-    return root
+from helpers import write_fake_cifar10
 
 
 @pytest.fixture(scope="session")

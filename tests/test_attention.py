@@ -2,8 +2,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import vit
+from vit.nn import attention
 
 
 def reference(q, k, v, scale, mask=None):
@@ -109,21 +111,52 @@ def test_heads_must_divide_dim():
         vit.MultiHeadAttention(10, 3)
 
 
+def project(attn, x, context):
+    """Queries from ``x``, keys and values from ``context``, each ``(B, heads, tokens, dim_head)``: the module's
+    projections written out from its public layers (``qkv`` holds W_q, W_k, W_v stacked in that order)."""
+    inner = attn.heads * attn.dim_head
+    if attn.context_dim is None:
+        (w_q, w_kv), (b_q, b_kv) = attn.qkv.weight.split([inner, 2 * inner]), attn.qkv.bias.split([inner, 2 * inner])
+    else:
+        (w_q, w_kv), (b_q, b_kv) = (attn.q.weight, attn.kv.weight), (attn.q.bias, attn.kv.bias)
+    q = F.linear(x, w_q, b_q).unflatten(-1, (attn.heads, attn.dim_head)).transpose(1, 2)
+    kv = F.linear(context, w_kv, b_kv).unflatten(-1, (2, attn.heads, attn.dim_head))  # (B, M, 2, heads, d)
+    k, v = kv.permute(2, 0, 3, 1, 4)  # each (B, heads, M, d)
+    return q, k, v
+
+
+def key_widths(monkeypatch):
+    """The width of the keys each call of ``attend`` from the attention module gets: ``dim_head`` for projected
+    keys, the context's own width when the projections are folded into the queries."""
+    widths = []
+    attend = attention.attend
+
+    def spy(q, k, v, **kwargs):
+        widths.append(k.shape[-1])
+        return attend(q, k, v, **kwargs)
+
+    monkeypatch.setattr(attention, "attend", spy)
+    return widths
+
+
 @pytest.mark.parametrize("context_dim", [None, 24])
-def test_few_queries_take_the_absorbed_path_with_the_same_result(context_dim):
+def test_few_queries_take_the_absorbed_path_with_the_same_result(context_dim, monkeypatch):
     """One query against a long context folds W_k and W_v into the query side; outputs, weights, gradients and
     fully masked rows must match projecting the keys and values as usual."""
     torch.manual_seed(0)
     attn = vit.MultiHeadAttention(32, 4, dim_head=16, context_dim=context_dim)
     x, context = torch.randn(3, 1, 32), torch.randn(3, 40, context_dim or 32)
-    assert attn._absorbs(1, 40, context.shape[-1]) and not attn._absorbs(40, 40, context.shape[-1])
+    widths = key_widths(monkeypatch)
+    attn(x, context)
+    attn(torch.randn(3, 40, 32), context)
+    assert widths == [context.shape[-1], 16]  # 1 query attends over the raw context, 40 over projected keys
     mask = torch.rand(3, 4, 1, 40) > 0.5
     mask[0, 1] = False  # a query that may attend to nothing: output zeros, no bias
     for m in (None, mask, mask[0, 0, 0]):  # none, per batch and head, one row broadcast everywhere
         out, weights = attn(x, context, mask=m, need_weights=True)
         grads = torch.autograd.grad(out.square().sum(), list(attn.parameters()))
 
-        q, k, v = attn._project(x, context)  # the projected form, written out
+        q, k, v = project(attn, x, context)  # the projected form, written out
         ref, ref_weights = vit.attend(q, k, v, mask=m, need_weights=True)
         ref = attn.proj(ref.transpose(1, 2).flatten(2))
         ref_grads = torch.autograd.grad(ref.square().sum(), list(attn.parameters()))

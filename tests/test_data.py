@@ -3,14 +3,14 @@ import shutil
 import pytest
 import torch
 
-from conftest import REAL_CIFAR10
-from vit.data import cifar10 as vdata
+from helpers import REAL_CIFAR10, copy_with_official_sums
 from vit.data.cifar10 import find_cifar10, read_cifar10
 from vit.data.datamodule import CIFAR10DataModule
 
 needs_real = pytest.mark.skipif(not REAL_CIFAR10.is_dir(), reason=f"real CIFAR-10 not at {REAL_CIFAR10}")
 
 
+@pytest.mark.slow
 @needs_real
 def test_real_cifar10_files():
     images, labels = read_cifar10(REAL_CIFAR10.parent, train=True)
@@ -25,6 +25,7 @@ def test_real_cifar10_files():
     assert test_labels[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]
 
 
+@pytest.mark.slow
 @needs_real
 def test_corrupt_real_file_is_named(tmp_path):
     folder = tmp_path / "cifar-10-batches-bin"
@@ -38,10 +39,7 @@ def test_corrupt_real_file_is_named(tmp_path):
 
 
 def test_corrupt_or_truncated_file_is_named(fake_data, tmp_path, monkeypatch):
-    folder = tmp_path / "cifar-10-batches-bin"
-    shutil.copytree(fake_data / "cifar-10-batches-bin", folder)
-    sums = {name: vdata._md5(folder / name) for name in vdata.LAYOUTS[folder.name]["train"]}
-    monkeypatch.setitem(vdata.LAYOUTS[folder.name], "train", sums)
+    folder = copy_with_official_sums(fake_data, tmp_path, monkeypatch)
     assert read_cifar10(tmp_path, train=True)[0].shape == (320, 3, 32, 32)
     path = folder / "data_batch_2.bin"
     path.write_bytes(path.read_bytes()[:-100])

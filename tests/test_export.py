@@ -7,18 +7,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vit
-from helpers import write_training_checkpoint
+from helpers import tiny_vit, write_training_checkpoint
 from vit.tools import export
 
-
-def small_vit(**kwargs):
-    args = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=32, depth=2, heads=2, norm_eps=1e-6, pool="mean")
-    args.update(kwargs)
-    return vit.ViT(**args).eval()
+# tiny_vit(**RECTANGULAR): the options an export must carry over, on a rectangular image
+RECTANGULAR = dict(image_size=(16, 24), norm_eps=1e-6, pool="mean")
 
 
 def test_safetensors_round_trip(tmp_path):
-    model = small_vit()
+    model = tiny_vit(**RECTANGULAR).eval()
     path = tmp_path / "vit.safetensors"
     model.save_safetensors(path)
     loaded = vit.ViT.from_safetensors(path).eval()
@@ -38,7 +35,7 @@ def test_safetensors_without_config_is_refused(tmp_path):
 
 def test_onnx_matches_pytorch(tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    model = small_vit()
+    model = tiny_vit(**RECTANGULAR).eval()
     path = tmp_path / "vit.onnx"
     export.export_onnx(model, path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -50,7 +47,7 @@ def test_onnx_matches_pytorch(tmp_path):
 
 def test_export_command(tmp_path):
     pytest.importorskip("onnx")
-    model = small_vit(num_classes=10)
+    model = tiny_vit(**RECTANGULAR, num_classes=10).eval()
     ckpt = tmp_path / "run.ckpt"
     write_training_checkpoint(ckpt, model)
     onnx_path, st_path = tmp_path / "out.onnx", tmp_path / "out.safetensors"
@@ -63,7 +60,7 @@ def test_export_command(tmp_path):
 
 
 def test_safetensors_keep_their_dtype_and_never_overwrite_themselves(tmp_path):
-    model = small_vit().to(torch.bfloat16)
+    model = tiny_vit(**RECTANGULAR).eval().to(torch.bfloat16)
     model.save_safetensors(tmp_path / "vit.safetensors")
     loaded = vit.ViT.from_safetensors(tmp_path / "vit.safetensors")
     assert loaded.pos_embed.dtype == torch.bfloat16

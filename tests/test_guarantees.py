@@ -10,7 +10,6 @@ import os
 import pickle
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, SMOKE, data_args
 from PIL import Image
 
 import vit
+from helpers import REPO, SMOKE, copy_with_official_sums, data_args, tiny_vit
 from vit.tools import attention_maps, common, export, predict
-from vit.data import cifar10 as vdata
 from vit.train.callbacks import AtomicCheckpointIO
 from vit.weights.checkpoint import load_checkpoint_file
 from vit.train.cli import main
@@ -42,23 +40,14 @@ def smoke_ckpt(fake_data, tmp_path_factory):
     return root / "runs/smoke/version_0/checkpoints/last.ckpt"
 
 
-def copy_with_official_sums(fake_data, tmp_path, monkeypatch):
-    """A copy of the fake data whose MD5 sums the reader takes as the official ones, as in test_data.py."""
-    folder = tmp_path / "data" / "cifar-10-batches-bin"
-    shutil.copytree(fake_data / "cifar-10-batches-bin", folder)
-    sums = {name: vdata._md5(folder / name) for name in vdata.LAYOUTS[folder.name]["train"]}
-    monkeypatch.setitem(vdata.LAYOUTS[folder.name], "train", sums)
-    return folder
-
-
 def truncated(fake_data, tmp_path, monkeypatch):
-    path = copy_with_official_sums(fake_data, tmp_path, monkeypatch) / "data_batch_2.bin"
+    path = copy_with_official_sums(fake_data, tmp_path / "data", monkeypatch) / "data_batch_2.bin"
     path.write_bytes(path.read_bytes()[:-100])
     return tmp_path / "data"
 
 
 def byte_flipped(fake_data, tmp_path, monkeypatch):
-    path = copy_with_official_sums(fake_data, tmp_path, monkeypatch) / "data_batch_2.bin"
+    path = copy_with_official_sums(fake_data, tmp_path / "data", monkeypatch) / "data_batch_2.bin"
     raw = bytearray(path.read_bytes())
     raw[12345] ^= 0xFF
     path.write_bytes(bytes(raw))
@@ -169,6 +158,7 @@ def test_bad_command_fails_cleanly(case, workdir, fake_data, smoke_ckpt, monkeyp
     assert not list(workdir.glob("runs/*/version_*")), sorted(map(str, workdir.rglob("*")))
 
 
+@pytest.mark.slow
 def test_command_line_prints_one_error_line_and_exits_2(fake_data, tmp_path):
     """The same as a user sees it: ``python train.py ...`` prints the error, not a traceback."""
     result = subprocess.run(
@@ -201,15 +191,15 @@ def not_an_image(tmp_path):
     return path
 
 
-MODEL = {"image_size": 32, "patch_size": 4, "dim": 32, "depth": 1, "heads": 2}
+MODEL = dict(image_size=32, depth=1, num_classes=10)  # tiny_vit(**MODEL): 32x32 images, 4x4 patches, dim 32
 # (id, call given tmp_path, exception type, regex the message must match)
 PYTHON_CASES = [
-    ("forward-channels", lambda t: vit.ViT(**MODEL)(images(channels=1)), ValueError, r"expected 3 channels, got 1"),
-    ("forward-size", lambda t: vit.ViT(**MODEL)(images(size=30)), ValueError,
+    ("forward-channels", lambda t: tiny_vit(**MODEL)(images(channels=1)), ValueError, r"expected 3 channels, got 1"),
+    ("forward-size", lambda t: tiny_vit(**MODEL)(images(size=30)), ValueError,
      r"expected images of size 32x32, got 30x30"),
-    ("forward-dtype", lambda t: vit.ViT(**MODEL)(images(dtype=torch.uint8)), TypeError, r"got torch.uint8"),
-    ("forward-not-a-tensor", lambda t: vit.ViT(**MODEL)(np.zeros((2, 3, 32, 32))), TypeError, r"got ndarray"),
-    ("predict-float-images", lambda t: common.predict(vit.ViT(**MODEL), images()), TypeError,
+    ("forward-dtype", lambda t: tiny_vit(**MODEL)(images(dtype=torch.uint8)), TypeError, r"got torch.uint8"),
+    ("forward-not-a-tensor", lambda t: tiny_vit(**MODEL)(np.zeros((2, 3, 32, 32))), TypeError, r"got ndarray"),
+    ("predict-float-images", lambda t: common.predict(tiny_vit(**MODEL), images()), TypeError,
      r"expected uint8 images \(as decoded from files\), got torch.float32"),
     ("predict-not-an-image", lambda t: common.load_image(not_an_image(t), (32, 32)), OSError,
      r"cannot identify image file '.*holiday.png'"),
@@ -227,7 +217,7 @@ def test_forward_reads_no_pixel_values():
     """The network checks shapes and dtypes, never values: a value check (NaN) would wait for the device on every
     forward, and traced or exported graphs must hold no data-dependent branch. NaN images give NaN logits; the
     tools feed decoded 8-bit images, which cannot hold NaN, and in training the non-finite loss check stops."""
-    model = vit.ViT(**MODEL).eval()
+    model = tiny_vit(**MODEL).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the static shape checks; they stay constant
         traced = torch.jit.trace(model, images())
@@ -262,6 +252,7 @@ LONG = ["--data.batch_size", "4", "--trainer.limit_train_batches", "40", "--trai
         "--last_checkpoint.every_n_train_steps", "5"]  # 2 epochs of 40 steps, last.ckpt every 5 steps
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_end(fake_data, tmp_path, monkeypatch):
     """SIGKILL mid-epoch, then ``fit --ckpt_path last``: the run ends as an uninterrupted one does, having
     redone only the steps after the newest step-level checkpoint."""
@@ -338,7 +329,7 @@ def crafted_checkpoint(tmp_path):
     marker = tmp_path / "code-ran"
     path = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
     path.parent.mkdir(parents=True)
-    model = vit.ViT(**MODEL)
+    model = tiny_vit(**MODEL)
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     state["model.head.bias"] = RunsACommand(f"touch {marker}")
     torch.save({"state_dict": state, "vit_config": model.config.to_dict(), "hyper_parameters": {}}, path)
@@ -386,6 +377,7 @@ def test_no_loader_runs_code_from_a_checkpoint(crafted_checkpoint, fake_data, tm
 # ---- 4. reproducible ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_the_same_run(fake_data, tmp_path, monkeypatch):
     runs = []
     for name in ("first", "second"):

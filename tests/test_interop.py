@@ -8,13 +8,7 @@ import pytest
 import torch
 
 import vit
-from helpers import write_training_checkpoint
-
-
-def small_vit(**kwargs):
-    args = dict(image_size=16, patch_size=4, num_classes=5, dim=32, depth=2, heads=2)
-    args.update(kwargs)
-    return vit.ViT(**args)
+from helpers import tiny_vit, write_training_checkpoint
 
 
 def timm_vit(**kwargs):
@@ -90,6 +84,7 @@ def test_from_timm_refuses_other_architectures(kwargs, feature):
         vit.ViT.from_timm(timm_vit(**kwargs))
 
 
+@pytest.mark.slow
 def test_import_vit_does_not_import_timm():
     code = "import sys, vit; assert 'timm' not in sys.modules and 'onnx' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -99,7 +94,7 @@ def test_import_vit_does_not_import_timm():
 
 
 def test_resize_to_the_same_size_is_identity():
-    model = small_vit().eval()
+    model = tiny_vit().eval()
     images = torch.randn(2, 3, 16, 16)
     before, pos_embed = model(images), model.pos_embed.detach().clone()
     model.resize_pos_embed(16)
@@ -109,7 +104,7 @@ def test_resize_to_the_same_size_is_identity():
 
 @pytest.mark.parametrize("size", [(64, 64), (48, 40)])
 def test_resized_model_runs_at_other_sizes(size):
-    model = small_vit(num_classes=5)
+    model = tiny_vit(num_classes=5)
     cls_pos = model.pos_embed[:, 0].detach().clone()
     model.resize_pos_embed(size)
     grid = (size[0] // 4, size[1] // 4)
@@ -123,7 +118,7 @@ def test_resized_model_runs_at_other_sizes(size):
 
 
 def test_dynamic_img_size_equals_a_resized_copy_and_trains_the_original_embeddings():
-    model = small_vit(image_size=32, dynamic_img_size=True).eval()
+    model = tiny_vit(image_size=32, dynamic_img_size=True).eval()
     images = torch.randn(2, 3, 16, 24)
     resized = copy.deepcopy(model)
     resized.resize_pos_embed((16, 24))
@@ -133,11 +128,11 @@ def test_dynamic_img_size_equals_a_resized_copy_and_trains_the_original_embeddin
     with pytest.raises(ValueError, match="not divisible into 4x4 patches"):
         model(torch.randn(2, 3, 16, 18))
     with pytest.raises(ValueError, match="expected images of size 32x32, got 16x24"):
-        small_vit(image_size=32).eval()(images)  # without the option the size stays checked
+        tiny_vit(image_size=32).eval()(images)  # without the option the size stays checked
 
 
 def test_resampling_keeps_a_constant_embedding_constant():
-    model = small_vit()
+    model = tiny_vit()
     with torch.no_grad():
         model.pos_embed.fill_(0.5)
     model.resize_pos_embed((28, 8))  # upsampling one side, downsampling (antialiased) the other
@@ -145,8 +140,8 @@ def test_resampling_keeps_a_constant_embedding_constant():
 
 
 def test_state_dict_of_another_size_loads_resized():
-    source = small_vit(image_size=16)
-    target = small_vit(image_size=32)
+    source = tiny_vit(image_size=16)
+    target = tiny_vit(image_size=32)
     target.load_state_dict(source.state_dict())
     source.resize_pos_embed(32)
     torch.testing.assert_close(target.pos_embed, source.pos_embed)
@@ -156,7 +151,7 @@ def test_state_dict_of_another_size_loads_resized():
 def test_loaded_models_come_back_ready_to_predict(tmp_path):
     """A run's config keeps its training-only randomness (patch_drop here): loaders return eval mode, so two
     forwards of the same images agree, and agree with the trained model's own evaluation."""
-    trained = small_vit(patch_drop=0.75, dropout=0.1).eval()
+    trained = tiny_vit(patch_drop=0.75, dropout=0.1).eval()
     path = tmp_path / "run.ckpt"
     write_training_checkpoint(path, trained)
     trained.save_safetensors(tmp_path / "vit.safetensors")
@@ -168,11 +163,11 @@ def test_loaded_models_come_back_ready_to_predict(tmp_path):
 
 def test_state_dict_of_another_architecture_names_tensors_and_shapes():
     with pytest.raises(RuntimeError, match=r"size mismatch for blocks\.0\.attn\.qkv\.weight.*\[144, 48\]"):
-        small_vit().load_state_dict(small_vit(dim=48).state_dict())
+        tiny_vit().load_state_dict(tiny_vit(dim=48).state_dict())
 
 
 def test_from_checkpoint_at_another_image_size(tmp_path):
-    trained = small_vit().eval()
+    trained = tiny_vit().eval()
     path = tmp_path / "run.ckpt"
     write_training_checkpoint(path, trained)
     model = vit.ViT.from_checkpoint(path, image_size=(24, 32)).eval()
@@ -186,7 +181,7 @@ def test_from_checkpoint_at_another_image_size(tmp_path):
 
 
 def test_forward_intermediates():
-    model = small_vit(depth=3).eval()
+    model = tiny_vit(depth=3).eval()
     images = torch.randn(2, 3, 16, 16)
     last_two = model.forward_intermediates(images, layers=2)
     assert len(last_two) == 2 and all(t.shape == (2, 17, 32) for t in last_two)

@@ -2,12 +2,7 @@ import pytest
 import torch
 
 import vit
-
-
-def small_vit(**kwargs):
-    args = dict(image_size=16, patch_size=4, num_classes=5, dim=32, depth=2, heads=2)
-    args.update(kwargs)
-    return vit.ViT(**args)
+from helpers import tiny_vit
 
 
 # ---- patchification ---------------------------------------------------------------------------------------
@@ -42,7 +37,7 @@ def test_unpatchify_inverts_patchify():
 
 
 def test_patch_embedding_is_a_linear_layer_on_patches():
-    model = small_vit()
+    model = tiny_vit()
     images = torch.randn(3, 3, 16, 16)
     proj = model.patch_embed.proj
     expected = vit.patchify(images, 4) @ proj.weight.T + proj.bias
@@ -67,7 +62,7 @@ def test_api_shapes():
 
 def test_cls_only_shortcut_equals_the_full_forward():
     """forward() runs only the CLS query through the last block; that must not change the logits."""
-    model = small_vit().eval()
+    model = tiny_vit().eval()
     images = torch.randn(3, 3, 16, 16)
     mask = torch.rand(17, 17) > 0.3
     for m in (None, mask):
@@ -76,14 +71,14 @@ def test_cls_only_shortcut_equals_the_full_forward():
 
 
 def test_block_forward_cls_equals_the_first_row_of_forward():
-    block = small_vit().blocks[0].eval()
+    block = tiny_vit().blocks[0].eval()
     x = torch.randn(2, 17, 32)
     for mask in (None, torch.rand(17, 17) > 0.3, torch.rand(17) > 0.3):
         torch.testing.assert_close(block.forward_cls(x, mask=mask), block(x, mask=mask)[:, :1], rtol=1e-5, atol=1e-6)
 
 
 def test_patch_drop_keeps_cls_and_a_share_of_patches_in_training_only():
-    model = small_vit(patch_drop=0.5)
+    model = tiny_vit(patch_drop=0.5)
     images = torch.randn(2, 3, 16, 16)
     tokens = model.embed(images)
     assert tokens.shape == (2, 1 + 8, 32)
@@ -97,7 +92,7 @@ def test_patch_drop_keeps_cls_and_a_share_of_patches_in_training_only():
 
 
 def test_rectangular_images_and_mean_pool():
-    model = small_vit(image_size=(16, 24), pool="mean").eval()
+    model = tiny_vit(image_size=(16, 24), pool="mean").eval()
     images = torch.randn(2, 3, 16, 24)
     tokens = model.forward_features(images)
     assert tokens.shape == (2, 1 + 4 * 6, 32)
@@ -106,7 +101,7 @@ def test_rectangular_images_and_mean_pool():
 
 @pytest.mark.parametrize("init", ["trunc_normal", "mimetic"])
 def test_every_parameter_gets_a_gradient(init):
-    model = small_vit(drop_path=0.1, dropout=0.1, attn_dropout=0.1, init=init)
+    model = tiny_vit(drop_path=0.1, dropout=0.1, attn_dropout=0.1, init=init)
     loss = model(torch.randn(4, 3, 16, 16)).logsumexp(-1).mean()
     loss.backward()
     assert torch.isfinite(loss)
@@ -136,7 +131,7 @@ def test_mimetic_init_products_and_local_attention_at_step_0():
 
 def test_attention_maps_equal_fused_forward():
     """The weights come from the reference path; running the blocks with them gives the fused output."""
-    model = small_vit().eval()
+    model = tiny_vit().eval()
     images = torch.randn(2, 3, 16, 16)
     maps = model.attention_maps(images)
     torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 2, 17))
@@ -151,7 +146,7 @@ def test_attention_maps_equal_fused_forward():
 
 
 def test_no_weight_decay_names():
-    model = small_vit()
+    model = tiny_vit()
     exempt = model.no_weight_decay()
     assert {"cls_token", "pos_embed", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"} <= exempt
     assert "blocks.0.attn.qkv.weight" not in exempt and "head.weight" not in exempt
@@ -170,7 +165,7 @@ def test_named_sizes():
 
 
 def test_cls_output_depends_on_every_patch():
-    model = small_vit(num_classes=0).eval()
+    model = tiny_vit(num_classes=0).eval()
     images = torch.randn(1, 3, 16, 16, requires_grad=True)
     # a random read-out: the plain sum of a LayerNorm output is constant and would have no gradient
     (model(images) * torch.randn(1, 32)).sum().backward()
@@ -179,7 +174,7 @@ def test_cls_output_depends_on_every_patch():
 
 
 def test_cls_attention_rows_sum_to_one_over_all_tokens():
-    model = small_vit().eval()
+    model = tiny_vit().eval()
     maps = model.attention_maps(torch.randn(3, 3, 16, 16))
     cls_rows = maps[:, :, :, 0, :]  # (depth, B, heads, 1 + N)
     assert cls_rows.shape[-1] == 17
@@ -188,7 +183,7 @@ def test_cls_attention_rows_sum_to_one_over_all_tokens():
 
 
 def test_cls_reads_a_set_without_position_embeddings():
-    model = small_vit(num_classes=0).eval()
+    model = tiny_vit(num_classes=0).eval()
     with torch.no_grad():
         model.pos_embed.zero_()
     images = torch.randn(2, 3, 16, 16)
@@ -199,7 +194,7 @@ def test_cls_reads_a_set_without_position_embeddings():
 
 
 def test_cls_blind_to_patches_under_a_mask():
-    model = small_vit(num_classes=0).eval()
+    model = tiny_vit(num_classes=0).eval()
     mask = torch.ones(17, 17, dtype=torch.bool)
     mask[0, 1:] = False  # the CLS query may only attend to itself
     a, b = torch.randn(2, 1, 3, 16, 16)
@@ -208,18 +203,19 @@ def test_cls_blind_to_patches_under_a_mask():
 
 
 def test_a_key_mask_applies_to_every_query():
-    model = small_vit().eval()
+    model = tiny_vit().eval()
     keys = torch.rand(17) > 0.3
     keys[0] = True
     images = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(model(images, mask=keys), model(images, mask=keys.expand(17, 17)))
 
 
+@pytest.mark.slow
 def test_the_model_compiles_to_one_graph():
     """``torch.compile`` captures the forward whole, in training (PatchDropout included) and in eval: the GPU
     recipe compiles the model, and a graph break would run the pieces around it eagerly. ``aot_eager`` traces
     forward and backward without generating code, so this stays fast."""
-    model = small_vit(patch_drop=0.5)
+    model = tiny_vit(patch_drop=0.5)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     images = torch.randn(4, 3, 16, 16)
     compiled(images).sum().backward()
@@ -249,7 +245,7 @@ def test_the_model_compiles_to_one_graph():
 )
 def test_bad_config(kwargs, error, message):
     with pytest.raises(error, match=message):
-        small_vit(**kwargs)
+        tiny_vit(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -266,11 +262,11 @@ def test_bad_config(kwargs, error, message):
 )
 def test_bad_input(images, error, message):
     with pytest.raises(error, match=message):
-        small_vit()(images)
+        tiny_vit()(images)
 
 
 def test_masks_that_do_not_fit_are_named():
-    model = small_vit(patch_drop=0.5)
+    model = tiny_vit(patch_drop=0.5)
     images = torch.randn(2, 3, 16, 16)
     with pytest.raises(ValueError, match="mask cannot be combined with patch_drop while training"):
         model(images, mask=torch.ones(17, dtype=torch.bool))  # sized for all 1 + 16 tokens
@@ -282,7 +278,7 @@ def test_masks_that_do_not_fit_are_named():
 
 
 def test_attention_maps_are_those_of_prediction_in_any_mode():
-    model = small_vit(patch_drop=0.5, dropout=0.1).train()
+    model = tiny_vit(patch_drop=0.5, dropout=0.1).train()
     images = torch.randn(2, 3, 16, 16)
     maps = model.attention_maps(images)
     assert maps.shape == (2, 2, 2, 17, 17) and model.training  # all tokens, and the mode is restored
@@ -290,7 +286,7 @@ def test_attention_maps_are_those_of_prediction_in_any_mode():
 
 
 def test_half_precision_position_embeddings_resample_and_frozen_ones_stay_frozen():
-    model = small_vit(dynamic_img_size=True).to(torch.bfloat16)
+    model = tiny_vit(dynamic_img_size=True).to(torch.bfloat16)
     with torch.no_grad():
         assert model(torch.randn(1, 3, 8, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16  # a smaller grid
     with pytest.raises(ValueError, match="images of size 0x0 are not divisible into 4x4 patches"):

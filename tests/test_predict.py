@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 import vit
-from helpers import write_training_checkpoint
+from helpers import tiny_vit, write_training_checkpoint
 from vit.tools import common, predict
 
 
 def save_checkpoint(path, num_classes=10):
-    model = vit.ViT(image_size=16, patch_size=4, num_classes=num_classes, dim=32, depth=1, heads=2)
+    model = tiny_vit(num_classes=num_classes, depth=1)
     write_training_checkpoint(path, model)
     return model.eval()
 
@@ -82,7 +82,7 @@ def test_exit_code_is_nonzero_only_when_every_file_fails(tmp_path, inputs):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--batch-size", "0"], "--batch-size must be positive, got 0"),
+        (["--batch-size", "0"], "--batch_size must be positive, got 0"),
         (["--ckpt_path", "{tmp}/nope.ckpt"], r"checkpoint '.*nope.ckpt' does not exist"),
         (["--ckpt_path", "{tmp}/bad.safetensors"], r"'.*bad.safetensors' is not a readable safetensors file"),
         (["--output", "{tmp}/nowhere/out.csv"], r"--output '.*out.csv': the folder '.*nowhere' does not exist"),
@@ -108,7 +108,7 @@ def test_attention_maps_needs_at_least_one_image(tmp_path, capsys):
     save_checkpoint(tmp_path / "run.ckpt")
     with pytest.raises(SystemExit):
         attention_maps.main(["--ckpt_path", str(tmp_path / "run.ckpt"), "--num-images", "0"])
-    assert "--num-images must be positive, got 0" in capsys.readouterr().err
+    assert "--num_images must be positive, got 0" in capsys.readouterr().err
 
 
 def test_16_bit_grey_images_keep_their_brightness(tmp_path):

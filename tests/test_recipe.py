@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vit
-from conftest import SMOKE, data_args
+from helpers import SMOKE, data_args
 from vit.data.augment import mix
 from vit.data.cifar10 import normalize, read_cifar10
 from vit.train.cli import main
@@ -18,7 +18,8 @@ TINY = dict(size="micro", dim=32, depth=2, heads=2)
 
 
 def with_trainer(module, total_steps):
-    module._trainer = SimpleNamespace(estimated_stepping_batches=total_steps)
+    """``module`` attached to a stand-in Trainer that knows the run's length and the step it is at."""
+    module.trainer = SimpleNamespace(estimated_stepping_batches=total_steps, global_step=0)
     return module
 
 
@@ -49,7 +50,7 @@ def test_patch_drop_stops_after_its_share_of_the_steps():
     module.log = module.log_dict = lambda *args, **kwargs: None  # logging needs a real Trainer
     images, labels = torch.randn(2, 3, 32, 32), torch.arange(2)
     for step in range(10):
-        module._trainer.global_step = step  # what LightningModule.global_step reads
+        module.trainer.global_step = step  # what LightningModule.global_step reads
         module.training_step((images, labels), step)
     assert tokens == [1 + 16] * 5 + [1 + 64] * 5  # a quarter of the 64 patches, then all of them
 
@@ -63,7 +64,7 @@ def test_low_res_phase_trains_on_downsampled_whole_images_then_full_size_with_pa
     module.log = module.log_dict = lambda *args, **kwargs: None  # logging needs a real Trainer
     images, labels = torch.full((2, 3, 32, 32), 0.5), torch.arange(2)
     for step in range(10):
-        module._trainer.global_step = step  # what LightningModule.global_step reads
+        module.trainer.global_step = step  # what LightningModule.global_step reads
         module.training_step((images, labels), step)
     assert seen == [(16, 16)] * 4 + [(32, 32)] * 6
     assert tokens == [1 + 16] * 4 + [1 + 16] * 6  # every patch of the small image, then a quarter of the large
@@ -91,7 +92,7 @@ def test_test_time_flip_averages_the_two_views():
     seen = {}
     module.test_metrics.update = lambda logits, _: seen.setdefault("logits", logits)
     with torch.no_grad():
-        module._evaluate((images, labels), "test")
+        module.test_step((images, labels), 0)
         probs = (module.model(images).softmax(-1) + module.model(images.flip(-1)).softmax(-1)) / 2
     torch.testing.assert_close(seen["logits"].exp(), probs)
 

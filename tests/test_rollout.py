@@ -5,20 +5,13 @@ import pytest
 import torch
 from PIL import Image
 
-import vit
-from helpers import write_training_checkpoint
+from helpers import tiny_vit, write_training_checkpoint
 from vit.tools import attention_maps
 from vit.nn.rollout import attention_rollout
 
 
-def small_vit(**kwargs):
-    args = dict(image_size=16, patch_size=4, num_classes=10, dim=32, depth=3, heads=2)
-    args.update(kwargs)
-    return vit.ViT(**args).eval()
-
-
 def test_rollout_rows_sum_to_one():
-    model = small_vit()
+    model = tiny_vit(num_classes=10, depth=3).eval()
     rollout = attention_rollout(model, torch.randn(3, 3, 16, 16))
     assert rollout.shape == (3, 17)
     torch.testing.assert_close(rollout.sum(-1), torch.ones(3))
@@ -26,14 +19,14 @@ def test_rollout_rows_sum_to_one():
 
 
 def test_rollout_of_one_block_is_its_head_mean_mixed_with_the_residual():
-    model = small_vit(depth=1)
+    model = tiny_vit(num_classes=10, depth=1).eval()
     images = torch.randn(2, 3, 16, 16)
     weights = model.attention_maps(images)[0].mean(dim=1)  # (B, T, T), rows sum to 1
     torch.testing.assert_close(attention_rollout(model, images), 0.5 * weights[:, 0] + 0.5 * torch.eye(17)[0])
 
 
 def test_rollout_multiplies_blocks_first_to_last():
-    model = small_vit(depth=2)
+    model = tiny_vit(num_classes=10, depth=2).eval()
     images = torch.randn(2, 3, 16, 16)
     eye = torch.eye(17)
     a1, a2 = (0.5 * m.mean(dim=1) + 0.5 * eye for m in model.attention_maps(images))
@@ -41,7 +34,7 @@ def test_rollout_multiplies_blocks_first_to_last():
 
 
 def test_cls_that_sees_only_itself_rolls_out_to_itself():
-    model = small_vit()
+    model = tiny_vit(num_classes=10, depth=3).eval()
     mask = torch.ones(17, 17, dtype=torch.bool)
     mask[0, 1:] = False
     rollout = attention_rollout(model, torch.randn(2, 3, 16, 16), mask=mask)
@@ -50,7 +43,7 @@ def test_cls_that_sees_only_itself_rolls_out_to_itself():
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    model = small_vit(image_size=32)
+    model = tiny_vit(num_classes=10, depth=3, image_size=32).eval()
     path = tmp_path / "run.ckpt"
     write_training_checkpoint(path, model)
     return path

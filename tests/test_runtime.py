@@ -18,6 +18,7 @@ for _ in range(6):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc")
 def test_freed_memory_is_reused_without_page_faults():
     out = subprocess.run([sys.executable, "-c", ROUNDS], capture_output=True, text=True, check=True).stdout.split()

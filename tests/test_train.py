@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vit
-from conftest import REPO, SMOKE, data_args
 from lightning.pytorch.callbacks import Timer
 
+import vit
+from helpers import REPO, SMOKE, data_args
 from vit.train.callbacks import TrainingSpeed
 from vit.train.cli import main
 
@@ -84,6 +84,7 @@ def test_training_speed_times_training_batches_only(monkeypatch):
     assert logged == {"train/images_per_s": 16 / 3}
 
 
+@pytest.mark.slow
 def test_validate_uses_checkpoint_and_explicit_args_win(fake_data, run_dir):
     main(["fit", "--config", SMOKE, *data_args(fake_data), "--trainer.max_epochs", "1", "--data.val_size", "32"])
     last = str(run_dir / "checkpoints" / "last.ckpt")
@@ -112,6 +113,7 @@ def test_print_config_shows_the_full_config(capsys):
     assert "lr: 0.002" in out and "max_epochs: 2" in out and "data_dir:" in out
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes(fake_data, tmp_path):
     """The same command under Lightning's DDP strategy (gloo on CPU): each process trains on its shard."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -157,6 +159,7 @@ def test_weight_average_updates_once_per_optimizer_step(fake_data, workdir, monk
     assert cli.trainer.global_step == 4 and updates == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_time_budget_alone_sizes_the_schedule(fake_data, workdir):
     """max_time without max_epochs/max_steps: the warmup + cosine runs over the budget and ends where it ends."""
     budget = 6  # seconds
