@@ -57,6 +57,9 @@ def find_cifar10(data_dir: str | os.PathLike) -> Path | None:
     A folder counts when it holds at least one of its layout's files (an empty one is not a copy of the data).
     """
     data_dir = Path(data_dir).expanduser()
+    if data_dir.is_file():
+        raise NotADirectoryError(f"data_dir {str(data_dir)!r} is a file, not a folder: point --data.data_dir (or "
+                                 f"${DATA_DIR_ENV}) at the folder holding cifar-10-batches-bin or cifar-10-batches-py")
     for candidate in (data_dir, *(data_dir / name for name in LAYOUTS)):
         files = LAYOUTS.get(candidate.name, {})
         if any((candidate / name).is_file() for split in files.values() for name in split):

@@ -19,6 +19,9 @@ class ViT(nn.Module):
     Built from a :class:`vit.ViTConfig`, or from its fields as keyword arguments:
     ``ViT(ViTConfig(size="micro"))``, ``ViT(dim=192, depth=6, heads=3)``, ``ViT(config, num_classes=100)``.
     ``model.config`` is the architecture, plain data: what checkpoints and exports store to rebuild the model.
+    ``model.data_info`` says what the weights were trained on, when known: ``{"classes": [names] or None, "mean":
+    [r, g, b], "std": [r, g, b]}`` (the normalisation of 0-1 pixel values). The loaders set it from the file; a new
+    model has none. It is plain data that travels with the weights, never used by the network itself.
 
     Loading and saving weights (``ViT.from_checkpoint``, ``from_safetensors``, ``from_timm``,
     ``save_safetensors``) live in :mod:`vit.weights`, which builds on this class.
@@ -28,6 +31,7 @@ class ViT(nn.Module):
         super().__init__()
         config = config.replace(**kwargs) if config is not None else ViTConfig(**kwargs)
         self.config = config
+        self.data_info: dict | None = None
         # the share of patch tokens training drops now: config.patch_drop, unless a schedule changes it
         self.patch_drop = config.patch_drop
 
@@ -179,6 +183,21 @@ class ViT(nn.Module):
                 f"expected images of size {self.image_size[0]}x{self.image_size[1]}, got "
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them or call model.resize_pos_embed"
             )
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new head for ``num_classes`` classes (0: none, the model returns pooled features), initialised as in
+        ``init_weights``; every other weight is kept. For fine-tuning on another label set (timm's name)."""
+        config = self.config.replace(num_classes=num_classes)
+        ref = self.pos_embed
+        if num_classes > 0:
+            self.head = nn.Linear(config.dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+        self.config = config
+        if self.data_info is not None:  # the old class names no longer describe the head
+            self.data_info = {**self.data_info, "classes": None}
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters exempt from weight decay: biases, norms, the CLS token and position embeddings."""

@@ -1,12 +1,11 @@
 """Where the model looks: a PNG grid of images, their attention rollout overlaid, and the prediction.
 
-    vit-attention-maps --ckpt_path run.ckpt --out attn.png --num-images 8   # CIFAR-10 test images
+    vit-attention-maps --ckpt_path run.ckpt --out attn.png --num_images 8   # CIFAR-10 test images
     vit-attention-maps --ckpt_path run.ckpt --out attn.png cat.png dog.jpg  # your own files
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,10 +14,12 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from vit.data.cifar10 import CIFAR10_CLASSES, default_data_dir, normalize, read_cifar10
+from vit.data.cifar10 import CIFAR10_CLASSES, default_data_dir, read_cifar10
 from vit.nn.rollout import attention_rollout
 from vit.nn.vit import ViT
-from vit.tools.common import check_output_path, class_names, find_images, load_image, load_model_or_exit, predict
+from vit.tools.common import (
+    ToolParser, check_output_path, class_names, find_images, load_image, load_model_or_exit, normalize_for, predict,
+)
 
 TILE = 128  # images are shown at least this tall: CIFAR-10's 32 pixels are too small to read
 CAPTION = 28  # pixels of text under each image pair
@@ -58,22 +59,22 @@ def render(images: Tensor, heat: Tensor, captions: Sequence[str], columns: int =
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vit-attention-maps", description=__doc__.split("\n")[0])
+    parser = ToolParser(prog="vit-attention-maps", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*", help="image files and folders; without them, CIFAR-10 test images")
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors export")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
     parser.add_argument("--out", default="attn.png", help="image to write (.png or .jpg)")
-    parser.add_argument("--num-images", type=int, default=8, help="CIFAR-10 test images to show")
-    parser.add_argument("--data-dir", help=f"CIFAR-10 folder (default: $VIT_DATA_DIR or {default_data_dir()!r})")
+    parser.add_argument("--num_images", type=int, default=8, help="CIFAR-10 test images to show")
+    parser.add_argument("--data_dir", help=f"CIFAR-10 folder (default: $VIT_DATA_DIR or {default_data_dir()!r})")
     args = parser.parse_args(argv)
     if args.files and args.data_dir:
-        parser.error("pass image files or --data-dir, not both")
+        parser.error("pass image files or --data_dir, not both")
     if args.num_images < 1:
-        parser.error(f"--num-images must be positive, got {args.num_images}")
+        parser.error(f"--num_images must be positive, got {args.num_images}")
     check_output_path(parser, "--out", args.out, {".png", ".jpg", ".jpeg"})
     files = find_images(args.files)
     if args.files and not files:
-        parser.error(f"no PNG/JPEG files in {args.files}")
+        parser.error(f"no image files in {args.files}")
 
     model = load_model_or_exit(parser, args.ckpt_path, weights=args.weights)
     if files:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             images, labels = read_cifar10(args.data_dir, train=False)
         except (OSError, ValueError) as err:
-            parser.error(f"{str(err).splitlines()[0]}; pass --data-dir, set $VIT_DATA_DIR, or pass image files")
+            parser.error(f"{str(err).splitlines()[0]}; pass --data_dir, set $VIT_DATA_DIR, or pass image files")
         images, labels = images[: args.num_images], labels[: args.num_images]
         if tuple(images.shape[-2:]) != model.image_size:
             images = F.interpolate(images.float(), size=model.image_size, mode="bicubic", antialias=True)
@@ -94,14 +95,14 @@ def main(argv: list[str] | None = None) -> None:
         truths = [f" (true {CIFAR10_CLASSES[y]})" for y in labels.tolist()]
 
     if model.num_classes:
-        names = class_names(model.num_classes)
+        names = class_names(model)
         probs, indices = predict(model, images).max(dim=-1)
         captions = [f"{names[i]} {p:.2f}{truth}" for p, i, truth in zip(probs.tolist(), indices.tolist(), truths)]
     else:  # a backbone without head: where it looks, but no prediction
         captions = truths
     scale = max(1, -(-TILE // model.image_size[0]))
     shown = F.interpolate(images, scale_factor=scale, mode="nearest")
-    heat = heat_maps(model, normalize(images), tuple(shown.shape[-2:]))
+    heat = heat_maps(model, normalize_for(model, images), tuple(shown.shape[-2:]))
     render(shown, heat, captions).save(args.out)
     print(f"wrote {args.out}")
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -12,11 +15,34 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
-from vit.data.cifar10 import CIFAR10_CLASSES, normalize
+from vit.data.cifar10 import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from vit.data.files import scan_images
 from vit.nn.vit import ViT
 from vit.weights import load_checkpoint, load_safetensors
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}  # what a folder is searched for; files named explicitly are all tried
+
+class ToolParser(argparse.ArgumentParser):
+    """The tools' argument parser: every long option in both spellings (``--top_k`` as declared, as LightningCLI
+    writes options, and ``--top-k``), and an unknown option answered with the closest known one."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        known = {_spelling(o): o for a in self._actions for o in a.option_strings if o.startswith("--")}
+        normalized = []
+        for arg in args:
+            name, eq, value = arg.partition("=")
+            normalized.append(known.get(_spelling(name), name) + eq + value if name.startswith("--") else arg)
+        return super().parse_known_args(normalized, namespace)
+
+    def error(self, message: str):
+        unknown = re.findall(r"(?:^|\s)(--[\w-]+)", message.partition("unrecognized arguments:")[2])
+        options = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        close = [m for u in unknown for m in difflib.get_close_matches(_spelling(u), options, n=1, cutoff=0.6)]
+        super().error(message + (f" (did you mean {', '.join(close)}?)" if close else ""))
+
+
+def _spelling(option: str) -> str:
+    return "--" + option[2:].replace("-", "_")
 
 
 def load_model(
@@ -72,9 +98,26 @@ def parse_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
     return device
 
 
-def class_names(num_classes: int) -> list[str]:
-    """CIFAR-10's class names for a 10-class model, else the class indices as strings."""
-    return list(CIFAR10_CLASSES) if num_classes == len(CIFAR10_CLASSES) else [str(i) for i in range(num_classes)]
+def class_names(model: ViT) -> list[str]:
+    """The model's class names: those its weights were trained with, else CIFAR-10's for a 10-class model without
+    any (files written before names were stored), else the class indices as strings."""
+    names = (model.data_info or {}).get("classes")
+    if names and len(names) == model.num_classes:
+        return list(names)
+    if model.data_info is None and model.num_classes == len(CIFAR10_CLASSES):
+        return list(CIFAR10_CLASSES)
+    return [str(i) for i in range(model.num_classes)]
+
+
+def normalize_for(model: ViT, images: Tensor) -> Tensor:
+    """uint8 images -> what ``model`` was trained on: 0-1 pixels standardised with the mean and std of its training
+    data (CIFAR-10's for a model whose files do not say), in the model's dtype and on its device."""
+    info = model.data_info or {}
+    mean, std = info.get("mean", CIFAR10_MEAN), info.get("std", CIFAR10_STD)
+    weights = model.pos_embed
+    mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    return ((images.float() / 255 - mean) / std).to(device=weights.device, dtype=weights.dtype)
 
 
 def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
@@ -84,6 +127,8 @@ def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
     ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file is not a readable image, and PIL's
     ``DecompressionBombError`` for one too large to decode safely.
     """
+    if Path(path).is_file() and Path(path).stat().st_size == 0:
+        raise OSError(f"{str(path)!r} is empty (0 bytes)")
     with Image.open(path) as opened:
         image = ImageOps.exif_transpose(opened)
         if image.mode.startswith("I"):  # 16-bit grey (PNG): convert("RGB") would clip all above 255 to white
@@ -93,14 +138,13 @@ def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files as given, and the PNG/JPEG files in folders (recursively, sorted)."""
-    found = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        else:
-            found.append(path)
-    return found
+    """The image files of ``paths`` (files as given, folders scanned by :func:`vit.data.files.scan_images`); what a
+    folder scan skipped (hidden, not an image, empty) is counted on stderr in one line."""
+    scan = scan_images(paths)
+    summary = scan.summary()
+    if summary:
+        print(summary, file=sys.stderr)
+    return scan.images
 
 
 @torch.no_grad()
@@ -112,5 +156,4 @@ def predict(model: ViT, images: Tensor) -> Tensor:
     """
     if images.dtype != torch.uint8:
         raise TypeError(f"expected uint8 images (as decoded from files), got {images.dtype}")
-    weights = model.pos_embed
-    return model(normalize(images).to(device=weights.device, dtype=weights.dtype)).float().softmax(dim=-1).cpu()
+    return model(normalize_for(model, images)).float().softmax(dim=-1).cpu()

@@ -3,20 +3,21 @@
     vit-export --ckpt_path run.ckpt --safetensors vit.safetensors --onnx vit.onnx
 
 The ONNX graph takes normalised images ``(batch, C, H, W)`` at the model's image size (any batch size) and
-returns logits (or pooled features for a model without head). ONNX needs ``pip install 'vit[export]'``.
+returns logits (or pooled features for a model without head); its metadata holds the config (``vit_config``) and,
+when known, the class names, mean and std (``vit_data``), as JSON. ONNX needs ``pip install 'vit[export]'``.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import warnings
 
 import torch
 
 from vit.nn.vit import ViT
-from vit.tools.common import check_output_path, load_model_or_exit
-from vit.weights import save_safetensors
+from vit.tools.common import ToolParser, check_output_path, load_model_or_exit
+from vit.weights import CONFIG_KEY, DATA_KEY, save_safetensors
 
 
 def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None:
@@ -43,16 +44,24 @@ def export_onnx(model: ViT, path: str | os.PathLike, *, opset: int = 17) -> None
             dynamic_axes={"images": {0: "batch"}, output: {0: "batch"}},
         )
     model.train(was_training)
+    import onnx  # the export extra; the exporter above needs it too
+
+    graph = onnx.load(str(path))
+    # what a deployment needs beside the graph: the architecture, and the classes and normalisation it expects
+    for key, value in ((CONFIG_KEY, model.config.to_dict()), (DATA_KEY, model.data_info)):
+        if value is not None:
+            graph.metadata_props.add(key=key, value=json.dumps(value))
+    onnx.save(graph, str(path))
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vit-export", description=__doc__.split("\n")[0])
+    parser = ToolParser(prog="vit-export", description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="training checkpoint (.ckpt) or .safetensors")
     parser.add_argument("--weights", choices=["model", "ema"], default="model", help="which weights of a checkpoint")
-    parser.add_argument("--image-size", type=int, nargs="+", help="resize the model to H [W] before exporting")
+    parser.add_argument("--image_size", type=int, nargs="+", help="resize the model to H [W] before exporting")
     parser.add_argument("--safetensors", help="write weights and config here (and <stem>.json beside it)")
     parser.add_argument("--onnx", help="write the ONNX graph here")
-    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     args = parser.parse_args(argv)
     if not (args.safetensors or args.onnx):
         parser.error("nothing to do: pass --safetensors and/or --onnx")

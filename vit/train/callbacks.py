@@ -3,6 +3,7 @@ training speed in images per second."""
 
 from __future__ import annotations
 
+import io
 import os
 import time
 import uuid
@@ -96,6 +97,10 @@ class TrainingSpeed(Callback):
             pl_module.log("train/images_per_s", self._images / self._seconds, sync_dist=True)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a file-size limit, no permission); the earlier ones stand."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, made atomic for local files.
 
@@ -111,13 +116,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Serialised in memory first (a second copy of the checkpoint, briefly), so that a full disk surfaces as the
+        # OSError of a plain write, and a failure to serialise before any file is touched.
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "xb") as f:
-                torch.save(checkpoint, f)
+                f.write(buffer.getbuffer())
                 f.flush()
                 os.fsync(f.fileno())  # the data is on disk before the rename makes it the checkpoint
             os.replace(tmp, path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointWriteError(
+                f"could not write checkpoint {str(path)!r}: {err.strerror or err}; nothing half-written was left, "
+                "and the checkpoints written before are intact"
+            ) from err
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -11,7 +11,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
@@ -20,7 +20,7 @@ from vit.data.augment import mix
 from vit.nn.config import ViTConfig
 from vit.nn.vit import ViT
 from vit.train.optim import make_optimizer, param_groups, warmup_cosine, warmup_cosine_by_progress
-from vit.weights.checkpoint import CONFIG_KEY
+from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY
 
 
 class ViTClassifier(L.LightningModule):
@@ -238,20 +238,37 @@ class ViTClassifier(L.LightningModule):
     # ---- run folder and checkpoints -----------------------------------------------------------------------
 
     def on_fit_start(self) -> None:
-        rank_zero_info(f"run folder: {self.trainer.log_dir}")
+        _say(f"run folder: {self.trainer.log_dir}")
         timer = self._time_budget()
         if timer is not None:
             budget = timer.time_elapsed() + timer.time_remaining()
-            rank_zero_info(f"learning-rate schedule: warmup and cosine decay over the max_time budget of {budget:.0f} s")
+            _say(f"learning-rate schedule: warmup and cosine decay over the max_time budget of {budget:.0f} s")
 
     def on_fit_end(self) -> None:
         if self.trainer.log_dir is None:
             return
-        # the files that exist: best.ckpt needs a validation (none with val_size 0)
-        written = [f"checkpoints/{name}" for name in ("best.ckpt", "last.ckpt")
-                   if (Path(self.trainer.log_dir) / "checkpoints" / name).is_file()]
-        rank_zero_info(f"run folder: {self.trainer.log_dir} ({', '.join(written) or 'no checkpoint'})")
+        # the files that exist, whatever their names (best.ckpt needs a validation: none with val_size 0)
+        folder = Path(self.trainer.log_dir)
+        written = sorted(str(p.relative_to(folder)) for p in folder.glob("checkpoints/*.ckpt"))
+        _say(f"run folder: {folder} ({', '.join(written) or 'no checkpoint'})")
+
+    def setup(self, stage: str) -> None:
+        # what the data is (class names, normalisation) travels with the weights, to the tools and exports
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and all(hasattr(datamodule, k) for k in ("classes", "mean", "std")):
+            info = {"classes": list(datamodule.classes), "mean": [float(m) for m in datamodule.mean],
+                    "std": [float(s) for s in datamodule.std]}
+            for model in filter(None, (self.model, self.ema_model)):
+                model.data_info = info
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # plain data, so that vit.ViT.from_checkpoint can rebuild the network without Lightning
         checkpoint[CONFIG_KEY] = self.model.config.to_dict()
+        if self.model.data_info is not None:
+            checkpoint[DATA_KEY] = self.model.data_info
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    """A line for the person at the console, from the main process only."""
+    print(message, flush=True)

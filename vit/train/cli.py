@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import lightning.pytorch.loops
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -18,17 +21,35 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vit.data.datamodule import CIFAR10DataModule
 from vit.train import runs
-from vit.train.callbacks import LastCheckpoint
+from vit.train.callbacks import CheckpointWriteError, LastCheckpoint
 from vit.train.classifier import ViTClassifier
 from vit.train.runtime import keep_freed_memory
+from vit.nn.config import pair
 from vit.weights.checkpoint import CONFIG_KEY, load_checkpoint_file
 
 
+CKPT_PATH_HELP = {
+    "fit": "checkpoint to resume from: a file, or 'last' for the newest run of this config's logger name; the run "
+           "goes on in that checkpoint's run folder, with its config.yaml unless --config is given",
+    "validate": "checkpoint to evaluate: a file, or 'best'/'last' of the newest run of this config's logger name; "
+                "the model's arguments and validation split come from it; metrics go to eval/ in its run folder",
+    "test": "checkpoint to evaluate: a file, or 'best'/'last' of the newest run of this config's logger name; the "
+            "model's arguments come from it; metrics go to eval/ in its run folder",
+}
+# the optimizer and its schedule belong to the model (one place, recorded in the run's config.yaml)
+OWN_OPTIMIZER = ("the optimizer and learning-rate schedule are the model's options: --model.optimizer adamw|muon, "
+                 "--model.lr, --model.muon_lr, --model.weight_decay, --model.warmup_fraction, --model.min_lr_ratio")
+
+
 class ArgumentParser(LightningArgumentParser):
-    """Argument errors as one line that names the closest known option, instead of a 100-line usage message."""
+    """Argument errors as one line that names the closest known option, instead of a 100-line usage message; help
+    as plain text (the docstrings' reST markup removed)."""
 
     def error(self, message: str, ex: Exception | None = None):
-        message += _did_you_mean(message, self)
+        if re.search(r"(?:^|\s)--(optimizer|lr_scheduler)\b", message):
+            message = f"{message.split(':')[0]}: --optimizer/--lr_scheduler are not options here; {OWN_OPTIMIZER}"
+        else:
+            message += _did_you_mean(message, self)
         if "invalid choice: 'predict'" in message:  # Lightning's CLIs have one; here it is its own command
             message += "; to classify image files: vit-predict --ckpt_path CKPT IMAGE_OR_FOLDER ..."
         if not self.exit_on_error:
@@ -36,6 +57,11 @@ class ArgumentParser(LightningArgumentParser):
         prog = (getattr(ex, "subcommand_parser", None) or self).prog.replace(" [options]", "")
         print(f"error: {message}\n(options: {prog} --help)", file=sys.stderr)
         self.exit(2)
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        text = re.sub(r":(?:class|func|meth|attr|mod|paramref):`~?([^`]+)`", r"\1", text)
+        return text.replace("``", "")
 
 
 def _did_you_mean(message: str, parser: ArgumentParser) -> str:
@@ -89,6 +115,13 @@ class ViTCLI(LightningCLI):
         """``fit``, ``validate`` and ``test``; images are classified by ``vit-predict``, so no ``predict`` loop."""
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
 
+    def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:  # this project's meaning of --ckpt_path, not Lightning's generic text
+            if "--ckpt_path" in action.option_strings:
+                action.help = CKPT_PATH_HELP[subcommand]
+        return parser
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
@@ -140,7 +173,9 @@ class ViTCLI(LightningCLI):
                 )
 
     def after_instantiate_classes(self) -> None:
-        # Fail before the run starts (and before its folder is made) when the checkpoint does not fit the model.
+        # Fail before the run starts (and before its folder is made) when the model does not fit the data or the
+        # checkpoint: these would otherwise fail mid-run, deep inside torch.
+        _check_model_fits_data(self.model.model.config, self.datamodule)
         if self._ckpt is not None:
             path, ckpt = self._ckpt
             self._ckpt = None  # the trainer loads the weights again; do not hold a second copy
@@ -152,6 +187,17 @@ class ViTCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self._keep_metrics_history()
+
+    def after_validate(self) -> None:
+        self._print_metrics_path()
+
+    def after_test(self) -> None:
+        self._print_metrics_path()
+
+    def _print_metrics_path(self) -> None:
+        logger = self.trainer.logger
+        if isinstance(logger, CSVLogger) and self.trainer.is_global_zero:
+            print(f"metrics: {Path(logger.log_dir) / ExperimentWriter.NAME_METRICS_FILE}")
 
     def _keep_metrics_history(self) -> None:
         """A resumed run keeps the rows of its ``metrics.csv`` up to the checkpoint's step.
@@ -212,12 +258,26 @@ class ViTCLI(LightningCLI):
         if val_size is not None and not _typed(args, "--data.val_size"):
             self.config[subcommand]["data"]["val_size"] = val_size  # a config file's value does not win either
         if subcommand == "fit":
+            max_epochs, epoch = self.config.fit.trainer.max_epochs, ckpt.get("epoch")
+            if max_epochs not in (None, -1) and epoch is not None and epoch >= max_epochs:
+                raise ValueError(
+                    f"checkpoint {ckpt_path!r} has trained into epoch {epoch + 1}, past --trainer.max_epochs "
+                    f"{max_epochs}: pass a larger --trainer.max_epochs to train on, or evaluate it with test"
+                )
             self._resume_into(Path(ckpt_path), ckpt)
             self._resumed_step = ckpt.get("global_step")
+        elif not any(a.startswith("--trainer.logger") for a in self._cli_args):
+            self._evaluate_into(Path(ckpt_path), ckpt)
 
     def _logger_args(self):
         logger = self.config[self.config.subcommand].trainer.logger
         return logger.init_args if hasattr(logger, "init_args") else None
+
+    def _evaluate_into(self, ckpt_path: Path, ckpt: dict) -> None:
+        """Evaluations log beside what they evaluate, ``<run>/eval/version_<n>/``, not into a new training run."""
+        args = self._logger_args()
+        if args is not None:
+            args.save_dir, args.name, args.version = str(runs.evaluation_folder(ckpt_path, ckpt)), "eval", None
 
     def _resume_into(self, ckpt_path: Path, ckpt: dict) -> None:
         """Log into the run folder the checkpoint came from, so a resumed run stays one run."""
@@ -238,6 +298,7 @@ def main(args: list[str] | None = None) -> ViTCLI:
     and CPU training steps then stop paying page faults for activations allocated anew every step.
     """
     keep_freed_memory()
+    _quiet_lightning()
     try:
         return ViTCLI(
             ViTClassifier,
@@ -245,12 +306,46 @@ def main(args: list[str] | None = None) -> ViTCLI:
             args=args,
             seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,  # OWN_OPTIMIZER
         )
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except CheckpointWriteError as err:  # the disk, not the run: one line, wherever it happened
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from err
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            MisconfigurationException) as err:
         if _raised_in_loop(err):
             raise
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
+
+
+def _quiet_lightning() -> None:
+    """Keep the console to the progress bar, the run folder, the results and real warnings.
+
+    Lightning's info lines (seed, GPU/TPU availability, an advertisement, checkpoint restoring) go, and so do the
+    warnings that are noise here: a deprecation inside Lightning itself, a Timer or checkpoint folder that an
+    evaluation does not need, and "previous log files will be deleted", which the resume logic makes untrue.
+    """
+    for name in ("lightning.pytorch", "lightning.fabric"):  # and every logger below them
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (r".*isinstance\(treespec, LeafSpec\)` is deprecated", r"The dirpath has changed from",
+                    r".*Please add the following callbacks", r".*Previous log files in this directory will be deleted"):
+        warnings.filterwarnings("ignore", message=message)
+
+
+def _check_model_fits_data(config, datamodule) -> None:
+    """The model's classes, image size and channels against the data's, named in one error."""
+    classes = getattr(datamodule, "num_classes", None)
+    if classes is not None and classes != config.num_classes:
+        raise ValueError(f"the model has {config.num_classes} classes (--model.num_classes) but the data has "
+                         f"{classes}: drop the option or set it to {classes}")
+    size = getattr(datamodule, "image_size", None)
+    if size is not None and tuple(pair(size)) != config.image_size:
+        raise ValueError(f"the model takes {'x'.join(map(str, config.image_size))} images (--model.image_size) but "
+                         f"the data's are {'x'.join(map(str, pair(size)))}: drop the option or set it to {size}")
+    if config.in_channels != 3:  # every data module here yields RGB images
+        raise ValueError(f"the model takes {config.in_channels}-channel images (--model.in_channels) but the data's "
+                         "are RGB: drop the option or set it to 3")
 
 
 def _typed(args: list[str], option: str) -> bool:

@@ -37,6 +37,14 @@ def run_folder(ckpt_path: str | Path, ckpt: dict) -> Path:
     return run
 
 
+def evaluation_folder(ckpt_path: str | Path, ckpt: dict) -> Path:
+    """Where evaluating a checkpoint logs: its run folder when it lies in ``<run>/checkpoints/``, else its own
+    folder (the evaluation then goes to ``eval/version_<n>/`` inside it)."""
+    if Path(ckpt_path).resolve().parent.name == "checkpoints":
+        return run_folder(ckpt_path, ckpt)
+    return Path(ckpt_path).parent
+
+
 def checkpoint_defaults(ckpt: dict) -> dict:
     """The command-line defaults a checkpoint implies: its model arguments (``model.<name>``) and its run's
     validation split (``data.val_size``: another split would validate on images the run trained on)."""

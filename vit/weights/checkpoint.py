@@ -16,6 +16,8 @@ from vit.nn.vit import ViT
 # state-dict prefixes of the trained weights and of their exponential moving average in a training checkpoint
 # (the attributes ``model`` and ``ema_model`` of ``vit.ViTClassifier``).
 CONFIG_KEY = "vit_config"
+# ... and under which they store ``ViT.data_info``: class names, mean and std of the training data.
+DATA_KEY = "vit_data"
 PREFIXES = {"model": "model.", "ema": "ema_model."}
 
 
@@ -26,6 +28,9 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict:
     when unpickled is refused instead of executed.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint {str(path)!r} is a folder, not a checkpoint file: pass a .ckpt file in "
+                                "it (e.g. <run>/checkpoints/best.ckpt)")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -64,21 +69,30 @@ def vit_weights(ckpt: dict, path: str | os.PathLike, weights: str = "model") -> 
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, weights: str = "model", image_size: int | tuple[int, int] | None = None
+    path: str | os.PathLike,
+    *,
+    weights: str = "model",
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
 ) -> ViT:
     """The plain ``ViT`` of a training checkpoint written by ``vit.ViTClassifier``, weights loaded, in eval mode.
 
     ``weights="ema"`` takes the exponential moving average of the weights, when the run kept one.
-    ``image_size`` adapts the model to another input size (see ``ViT.resize_pos_embed``). The file is read
-    with ``torch.load(weights_only=True)``: loading it cannot run code.
+    ``image_size`` adapts the model to another input size (see ``ViT.resize_pos_embed``); ``num_classes`` gives it
+    a new, freshly initialised head for that many classes (0: no head, a backbone returning pooled features), for
+    fine-tuning. The file is read with ``torch.load(weights_only=True)``: loading it cannot run code.
 
     Every loader returns eval mode, ready to predict: a run's config may hold training-only randomness
     (``patch_drop`` drops tokens, ``dropout``) that would otherwise make every forward differ. Call
     ``.train()`` to fine-tune.
     """
-    config, state = vit_weights(load_checkpoint_file(path), path, weights)
+    ckpt = load_checkpoint_file(path)
+    config, state = vit_weights(ckpt, path, weights)
     model = ViT(ViTConfig.from_dict(config))
     model.load_state_dict(state)
+    model.data_info = ckpt.get(DATA_KEY)
     if image_size is not None:
         model.resize_pos_embed(pair(image_size))
+    if num_classes is not None and num_classes != model.num_classes:
+        model.reset_classifier(num_classes)
     return model.eval()

@@ -11,11 +11,12 @@ from safetensors.torch import save_file
 
 from vit.nn.config import ViTConfig
 from vit.nn.vit import ViT
-from vit.weights.checkpoint import CONFIG_KEY
+from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY
 
 
 def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
-    """Write ``model``'s weights to ``path`` with its config in the header, and the config as ``<stem>.json``.
+    """Write ``model``'s weights to ``path`` with its config (and ``data_info``) in the header, and the config as
+    ``<stem>.json``.
 
     The JSON beside the weights is for people and tools that do not read safetensors headers; loading reads
     the header, so the ``.safetensors`` file alone is enough.
@@ -26,7 +27,10 @@ def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
                          "config is written beside them as <stem>.json")
     config = model.config.to_dict()
     state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(state, path, metadata={CONFIG_KEY: json.dumps(config)})
+    metadata = {CONFIG_KEY: json.dumps(config)}
+    if model.data_info is not None:
+        metadata[DATA_KEY] = json.dumps(model.data_info)
+    save_file(state, path, metadata=metadata)
     path.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -51,4 +55,5 @@ def load_safetensors(path: str | os.PathLike) -> ViT:
     if "pos_embed" in state:
         model.to(state["pos_embed"].dtype)  # as saved: a bf16 export loads as bf16
     model.load_state_dict(state)
+    model.data_info = json.loads(metadata[DATA_KEY]) if DATA_KEY in metadata else None
     return model.eval()

@@ -105,7 +105,18 @@ def vit_from_timm(
     pos_embed = state["pos_embed"]
     model = ViT(ViTConfig(**config)).to(dtype=pos_embed.dtype, device=pos_embed.device)  # as the source keeps them
     model.load_state_dict(convert_state_dict(state))
+    model.data_info = _data_info(source)
     return model.eval()  # as every loader: ready to predict
+
+
+def _data_info(source) -> dict | None:
+    """The normalisation (and class names, where timm has them) a timm model was trained with, from its
+    ``pretrained_cfg``; a state dict does not record it."""
+    cfg = getattr(source, "pretrained_cfg", None) or {}
+    if "mean" not in cfg or "std" not in cfg:
+        return None
+    names = cfg.get("label_names")
+    return {"classes": list(names) if names else None, "mean": list(cfg["mean"]), "std": list(cfg["std"])}
 
 
 def convert_state_dict(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
