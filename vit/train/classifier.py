@@ -21,6 +21,7 @@ from vit.nn.config import ViTConfig
 from vit.nn.vit import ViT
 from vit.train.optim import make_optimizer, param_groups, warmup_cosine, warmup_cosine_by_progress
 from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY
+from vit.weights.pretrained import load_pretrained
 
 
 class ViTClassifier(L.LightningModule):
@@ -33,6 +34,13 @@ class ViTClassifier(L.LightningModule):
     AdamW for the rest (``vit.train.optim``); a linear warmup, then cosine decay, per optimizer step.
 
     Args:
+        pretrained: start from these weights (vit.weights.load_pretrained): a checkpoint or safetensors export of
+            this package, a timm ViT state dict (.pth/.bin/.safetensors), or timm:NAME. The architecture comes from
+            the weights; a new head is made when num_classes differs, and position embeddings (and patch kernels)
+            are resampled when image_size (patch_size) differs.
+        layer_decay: layer-wise learning-rate decay for fine-tuning (e.g. 0.65-0.85): block i's rates are scaled by
+            layer_decay ** (depth - i), the head's by 1. None: off.
+        freeze_backbone: train the head only (a linear probe): every other weight stays as loaded.
         patch_drop_until: share of the optimizer steps that drop patches (patch_drop); the later steps see
             every token, as evaluation does.
         low_res_size: train the first low_res_until share of the steps on images downsampled to this many
@@ -58,6 +66,9 @@ class ViTClassifier(L.LightningModule):
 
     def __init__(
         self,
+        pretrained: str | None = None,
+        layer_decay: float | None = None,
+        freeze_backbone: bool = False,
         patch_drop_until: float = 1.0,
         low_res_size: int | None = None,
         low_res_until: float = 0.5,
@@ -112,8 +123,19 @@ class ViTClassifier(L.LightningModule):
         if eval_ema and ema_decay == 0:
             raise ValueError("eval_ema needs a weight average: train with ema_decay > 0 (e.g. 0.999); "
                              "a checkpoint trained without one has none to evaluate")
+        if layer_decay is not None and not 0 < layer_decay <= 1:
+            raise ValueError(f"layer_decay must be in (0, 1] (1 = no decay), got {layer_decay}")
         self.save_hyperparameters()
-        self.model = ViT(config)
+        if pretrained is None:
+            self.model = ViT(config)
+        else:
+            requested = {**arch, "dynamic_img_size": config.dynamic_img_size}
+            self.model = load_pretrained(pretrained, **requested).train()
+            # A checkpoint of this run rebuilds the network from these, not from the file it started from.
+            self.hparams.update(self.model.config.to_dict(), pretrained=None)
+        if freeze_backbone:
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("head."))
         # The average is a frozen copy updated after each optimizer step; it is never trained.
         self.ema_model = copy.deepcopy(self.model).requires_grad_(False) if ema_decay > 0 else None
         num_classes = config.num_classes
@@ -203,7 +225,7 @@ class ViTClassifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         groups = param_groups(self.model, weight_decay=hp.weight_decay, lr=hp.lr,
-                              muon_lr=hp.muon_lr if hp.optimizer == "muon" else None)
+                              muon_lr=hp.muon_lr if hp.optimizer == "muon" else None, layer_decay=hp.layer_decay)
         optimizer = make_optimizer(groups, lr=hp.lr, betas=hp.betas)
         if self._time_budget() is None:
             schedule = warmup_cosine(self.trainer.estimated_stepping_batches, hp.warmup_fraction, hp.min_lr_ratio)

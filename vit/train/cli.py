@@ -257,6 +257,13 @@ class ViTCLI(LightningCLI):
             self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
         if val_size is not None and not _typed(args, "--data.val_size"):
             self.config[subcommand]["data"]["val_size"] = val_size  # a config file's value does not win either
+        # The checkpoint holds the weights and, as built, the architecture: neither the file the run started from
+        # (model.pretrained) nor a config file's architecture arguments apply; arguments typed now still win.
+        model = self.config[subcommand]["model"]
+        model["pretrained"] = None
+        for key, value in ckpt.get(CONFIG_KEY, {}).items():
+            if key in model and not _typed(args, f"--model.{key}"):
+                model[key] = value
         if subcommand == "fit":
             max_epochs, epoch = self.config.fit.trainer.max_epochs, ckpt.get("epoch")
             if max_epochs not in (None, -1) and epoch is not None and epoch >= max_epochs:

@@ -14,25 +14,81 @@ import torch
 from torch import Tensor, nn
 
 
-def param_groups(model: nn.Module, *, weight_decay: float, lr: float, muon_lr: float | None = None) -> list[dict]:
+def param_groups(
+    model: nn.Module,
+    *,
+    weight_decay: float,
+    lr: float,
+    muon_lr: float | None = None,
+    layer_decay: float | None = None,
+) -> list[dict]:
     """The parameter groups of ``model``: ``decay`` (weight matrices), ``no_decay`` (``model.no_weight_decay()``:
     biases, norms, CLS token, position embeddings) and, with ``muon_lr``, ``muon``: the 2-D weight matrices
     inside ``blocks.``, at ``muon_lr``. The patch embedding and the head stay on AdamW, as in Muon's reference
     setup.
+
+    Parameters with ``requires_grad=False`` are left out: to train only the head (a linear probe), set it False
+    on every other parameter before calling this.
+
+    ``layer_decay`` (``0 < d <= 1``; BEiT's layer-wise learning-rate decay, as timm's ``param_groups_layer_decay``)
+    scales each parameter's learning rates by ``d ** (depth + 1 - layer)``: layer 0 is the patch embedding, CLS
+    token and position embeddings, layer ``i + 1`` is ``blocks.i``, and the final norm and the head are layer
+    ``depth + 1`` (scale 1), so that fine-tuning changes the early, general layers least. The groups are then
+    split per layer, named ``decay_layer3``, ``no_decay_layer3``, ``muon_layer3``, each with its ``lr`` already
+    scaled (``lr * scale``, ``muon_lr * scale``) and the scale under ``lr_scale``: a schedule that multiplies
+    every group's initial rate (``LambdaLR``) keeps the ratios. Empty groups are left out.
     """
     exempt = model.no_weight_decay()
-    params = dict(model.named_parameters())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("the model has no trainable parameters (every requires_grad is False)")
     matrices = {n for n, p in params.items() if muon_lr is not None and n.startswith("blocks.") and p.ndim == 2}
-    groups = [
-        {"params": [p for n, p in params.items() if n not in exempt | matrices], "weight_decay": weight_decay,
-         "name": "decay"},
-        {"params": [p for n, p in params.items() if n in exempt], "weight_decay": 0.0, "name": "no_decay"},
-    ]
-    if matrices:
-        # decay scaled so that the matrices shrink per step exactly as much as the AdamW ones (p *= 1 - lr * wd)
-        groups.append({"params": [params[n] for n in sorted(matrices)], "lr": muon_lr, "muon": True,
-                       "weight_decay": weight_decay * lr / muon_lr, "name": "muon"})
+
+    def kind(name: str) -> str:
+        return "muon" if name in matrices else "no_decay" if name in exempt else "decay"
+
+    if layer_decay is None:
+        groups = [
+            {"params": [p for n, p in params.items() if kind(n) == "decay"], "weight_decay": weight_decay,
+             "name": "decay"},
+            {"params": [p for n, p in params.items() if kind(n) == "no_decay"], "weight_decay": 0.0,
+             "name": "no_decay"},
+        ]
+        if matrices:
+            # decay scaled so that the matrices shrink per step exactly as much as the AdamW ones (p *= 1 - lr * wd)
+            groups.append({"params": [params[n] for n in sorted(matrices)], "lr": muon_lr, "muon": True,
+                           "weight_decay": weight_decay * lr / muon_lr, "name": "muon"})
+        return [group for group in groups if group["params"]]
+
+    if not 0 < layer_decay <= 1:
+        raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}")
+    depth = len(model.blocks)
+    by_group: dict[tuple[int, str], list[str]] = {}
+    for n in params:
+        by_group.setdefault((layer_id(n, depth), kind(n)), []).append(n)
+    groups = []
+    order = ("decay", "no_decay", "muon")
+    for layer, group_kind in sorted(by_group, key=lambda key: (key[0], order.index(key[1]))):
+        names = by_group[(layer, group_kind)]
+        scale = layer_decay ** (depth + 1 - layer)
+        group = {"params": [params[n] for n in (sorted(names) if group_kind == "muon" else names)],
+                 "name": f"{group_kind}_layer{layer}", "lr_scale": scale}
+        if group_kind == "muon":
+            group.update(lr=muon_lr * scale, muon=True, weight_decay=weight_decay * lr / muon_lr)
+        else:
+            group.update(lr=lr * scale, weight_decay=weight_decay if group_kind == "decay" else 0.0)
+        groups.append(group)
     return groups
+
+
+def layer_id(name: str, depth: int) -> int:
+    """The layer of parameter ``name`` for layer-wise learning-rate decay: 0 for the patch embedding, CLS token and
+    position embeddings, ``i + 1`` for ``blocks.i``, ``depth + 1`` for the rest (the final norm, the head)."""
+    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
 
 
 def make_optimizer(groups: list[dict], *, lr: float, betas: tuple[float, float]) -> torch.optim.Optimizer:

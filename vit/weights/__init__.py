@@ -7,6 +7,7 @@ dependency still points one way. Every loader returns the model in eval mode.
 
 from vit.nn.vit import ViT
 from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY, load_checkpoint, load_checkpoint_file
+from vit.weights.pretrained import load_pretrained
 from vit.weights.safetensors import load_safetensors, save_safetensors
 from vit.weights.timm import vit_from_timm
 
@@ -15,5 +16,5 @@ ViT.from_safetensors = staticmethod(load_safetensors)
 ViT.from_timm = staticmethod(vit_from_timm)
 ViT.save_safetensors = save_safetensors
 
-__all__ = ["CONFIG_KEY", "DATA_KEY", "load_checkpoint", "load_checkpoint_file", "load_safetensors", "save_safetensors",
-           "vit_from_timm"]
+__all__ = ["CONFIG_KEY", "DATA_KEY", "load_checkpoint", "load_checkpoint_file", "load_pretrained", "load_safetensors",
+           "save_safetensors", "vit_from_timm"]
