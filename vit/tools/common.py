@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 from torch import Tensor
 
 from vit.data.cifar10 import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from vit.data.files import scan_images
+from vit.data.images import open_rgb, resize_crop
 from vit.nn.vit import ViT
 from vit.weights import load_checkpoint, load_safetensors
 
@@ -121,20 +122,20 @@ def normalize_for(model: ViT, images: Tensor) -> Tensor:
 
 
 def load_image(path: str | os.PathLike, size: tuple[int, int]) -> Tensor:
-    """An image file as uint8 RGB ``(3, H, W)``, resized (bicubic, antialiased) to ``size = (H, W)``.
+    """An image file as uint8 RGB ``(3, H, W)`` at ``size = (H, W)``, prepared as the folder datasets prepare
+    training images: for a square size, the shorter side resized to it and the centre cropped (one bicubic,
+    antialiased resampling), else resized to ``size``.
 
-    The EXIF orientation of photos is applied first, so the model sees them as a viewer shows them. Raises
-    ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file is not a readable image, and PIL's
-    ``DecompressionBombError`` for one too large to decode safely.
+    The EXIF orientation of photos is applied first, so the model sees them as a viewer shows them (see
+    :func:`vit.data.images.open_rgb`). Raises ``OSError`` (PIL's ``UnidentifiedImageError`` included) when the file
+    is empty or not a readable image, and PIL's ``DecompressionBombError`` for one too large to decode safely.
     """
     if Path(path).is_file() and Path(path).stat().st_size == 0:
         raise OSError(f"{str(path)!r} is empty (0 bytes)")
-    with Image.open(path) as opened:
-        image = ImageOps.exif_transpose(opened)
-        if image.mode.startswith("I"):  # 16-bit grey (PNG): convert("RGB") would clip all above 255 to white
-            image = Image.fromarray((np.asarray(image, dtype=np.float64) / 257).round().clip(0, 255).astype(np.uint8))
-        image = image.convert("RGB").resize((size[1], size[0]), Image.Resampling.BICUBIC)
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    image = open_rgb(path)
+    if size[0] == size[1]:
+        return torch.from_numpy(resize_crop(image, size[0]).copy())
+    return torch.from_numpy(np.array(image.resize((size[1], size[0]), Image.Resampling.BICUBIC))).permute(2, 0, 1)
 
 
 def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The command line: ``python train.py {fit,validate,test} ...``, a LightningCLI over the classifier and CIFAR-10."""
+"""The command line: ``python train.py {fit,validate,test} ...``, a LightningCLI over the classifier and the data
+modules (CIFAR-10 by default; ``--data ImageFolderDataModule --data.root DIR`` for a folder of images)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from vit.data.datamodule import CIFAR10DataModule
+from vit.data.datamodule import InMemoryDataModule
+from vit.data.folder import ImageFolderDataModule  # noqa: F401 - imported so that --data ImageFolderDataModule resolves
 from vit.train import runs
 from vit.train.callbacks import CheckpointWriteError, LastCheckpoint
 from vit.train.classifier import ViTClassifier
@@ -36,6 +38,8 @@ CKPT_PATH_HELP = {
     "test": "checkpoint to evaluate: a file, or 'best'/'last' of the newest run of this config's logger name; the "
             "model's arguments come from it; metrics go to eval/ in its run folder",
 }
+# What the model takes from the data, never typed: its classes and its image size.
+LINKS = {"data.num_classes": "model.num_classes", "data.image_size": "model.image_size"}
 # the optimizer and its schedule belong to the model (one place, recorded in the run's config.yaml)
 OWN_OPTIMIZER = ("the optimizer and learning-rate schedule are the model's options: --model.optimizer adamw|muon, "
                  "--model.lr, --model.muon_lr, --model.weight_decay, --model.warmup_fraction, --model.min_lr_ratio")
@@ -46,8 +50,15 @@ class ArgumentParser(LightningArgumentParser):
     as plain text (the docstrings' reST markup removed)."""
 
     def error(self, message: str, ex: Exception | None = None):
+        message = _union_error(message)
+        linked = (re.search(r'Linked "(model\.\w+)" must be given via "(data\.\w+)"', message)
+                  or re.search(r"argument (?P<b>data\.\w+) --> (?P<a>model\.\w+)", message))
         if re.search(r"(?:^|\s)--(optimizer|lr_scheduler)\b", message):
             message = f"{message.split(':')[0]}: --optimizer/--lr_scheduler are not options here; {OWN_OPTIMIZER}"
+        elif linked:
+            target, source = (linked["a"], linked["b"]) if "a" in linked.groupdict() else (linked[1], linked[2])
+            message = (f"--{target} comes from the data ({source}): drop it; for a folder of images, "
+                       "--data.image_size sets the size")
         else:
             message += _did_you_mean(message, self)
         if "invalid choice: 'predict'" in message:  # Lightning's CLIs have one; here it is its own command
@@ -62,6 +73,15 @@ class ArgumentParser(LightningArgumentParser):
         text = super().format_help()
         text = re.sub(r":(?:class|func|meth|attr|mod|paramref):`~?([^`]+)`", r"\1", text)
         return text.replace("``", "")
+
+
+def _union_error(message: str) -> str:
+    """The data module's own error out of jsonargparse's report on ``--data`` (which tried each type it may be)."""
+    if "Does not validate against any of the Union subtypes" not in message:
+        return message
+    errors = [line.strip()[2:] for line in message.splitlines() if line.strip().startswith("- ")]
+    errors = [e for e in errors if not e.startswith("Expected a <class 'NoneType'>")]
+    return f"--data: {errors[0]}" if errors else message
 
 
 def _did_you_mean(message: str, parser: ArgumentParser) -> str:
@@ -123,10 +143,13 @@ class ViTCLI(LightningCLI):
         return parser
 
     def add_arguments_to_parser(self, parser) -> None:
+        for source, target in LINKS.items():
+            parser.link_arguments(source, target, apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.set_defaults(
             {
+                "data": {"class_path": "vit.data.datamodule.CIFAR10DataModule"},
                 "checkpoint.monitor": "val/acc",
                 "checkpoint.mode": "max",
                 "checkpoint.filename": "best",
@@ -241,8 +264,11 @@ class ViTCLI(LightningCLI):
             return
         ckpt = load_checkpoint_file(ckpt_path)  # a clear error for a missing, foreign or unsafe file
         self._ckpt = (ckpt_path, ckpt)
-        defaults = runs.checkpoint_defaults(ckpt)
-        val_size = defaults.get("data.val_size")
+        defaults = {k: v for k, v in runs.checkpoint_defaults(ckpt).items() if k not in LINKS.values()}
+        split = {k[len("data."):]: defaults.pop(k) for k in list(defaults) if k.startswith("data.")}
+        data_module = runs.checkpoint_data(ckpt)
+        if data_module is not None:  # evaluate (or resume) on the data the run used, unless told otherwise
+            defaults["data"] = data_module
         args = list(self._cli_args)
         run_config = runs.run_folder(ckpt_path, ckpt) / "config.yaml"
         if subcommand == "fit" and not _typed(args, "--config") and run_config.is_file():
@@ -255,8 +281,10 @@ class ViTCLI(LightningCLI):
             self._cli_args = args
             self.config = self.parser.parse_args(args)
             self.config[subcommand]["ckpt_path"] = ckpt_path  # "last"/"best" as resolved above, not as typed
-        if val_size is not None and not _typed(args, "--data.val_size"):
-            self.config[subcommand]["data"]["val_size"] = val_size  # a config file's value does not win either
+        data = self.config[subcommand]["data"]["init_args"]
+        for key, value in split.items():  # the run's split: no default or config file changes it
+            if key in data and not _typed(args, f"--data.{key}"):
+                data[key] = value
         # The checkpoint holds the weights and, as built, the architecture: neither the file the run started from
         # (model.pretrained) nor a config file's architecture arguments apply; arguments typed now still win.
         model = self.config[subcommand]["model"]
@@ -309,7 +337,8 @@ def main(args: list[str] | None = None) -> ViTCLI:
     try:
         return ViTCLI(
             ViTClassifier,
-            CIFAR10DataModule,
+            InMemoryDataModule,  # any of its subclasses, --data NAME; CIFAR10DataModule by default
+            subclass_mode_data=True,
             args=args,
             seed_everything_default=0,
             save_config_kwargs={"overwrite": True},
@@ -322,7 +351,7 @@ def main(args: list[str] | None = None) -> ViTCLI:
             MisconfigurationException) as err:
         if _raised_in_loop(err):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_union_error(str(err))}", file=sys.stderr)
         raise SystemExit(2) from err
 
 
@@ -341,15 +370,8 @@ def _quiet_lightning() -> None:
 
 
 def _check_model_fits_data(config, datamodule) -> None:
-    """The model's classes, image size and channels against the data's, named in one error."""
-    classes = getattr(datamodule, "num_classes", None)
-    if classes is not None and classes != config.num_classes:
-        raise ValueError(f"the model has {config.num_classes} classes (--model.num_classes) but the data has "
-                         f"{classes}: drop the option or set it to {classes}")
-    size = getattr(datamodule, "image_size", None)
-    if size is not None and tuple(pair(size)) != config.image_size:
-        raise ValueError(f"the model takes {'x'.join(map(str, config.image_size))} images (--model.image_size) but "
-                         f"the data's are {'x'.join(map(str, pair(size)))}: drop the option or set it to {size}")
+    """What the model takes against what the data gives (classes and size are linked from the data; the channels
+    of a checkpoint's model may still differ), named in one error."""
     if config.in_channels != 3:  # every data module here yields RGB images
         raise ValueError(f"the model takes {config.in_channels}-channel images (--model.in_channels) but the data's "
                          "are RGB: drop the option or set it to 3")

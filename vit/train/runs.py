@@ -11,7 +11,9 @@ import csv
 import shutil
 from pathlib import Path
 
-NOT_RESULTS = ("config.yaml", "hparams.yaml")  # what a run folder holds before it has any result
+NOT_RESULTS = ("config.yaml", "hparams.yaml")
+# the data modules' arguments that choose the validation split (CIFAR-10's; a folder's)
+SPLIT_KEYS = ("val_size", "val_fraction", "seed")  # what a run folder holds before it has any result
 
 
 def newest_checkpoint(root: Path, name: str, purpose: str) -> str:
@@ -47,14 +49,23 @@ def evaluation_folder(ckpt_path: str | Path, ckpt: dict) -> Path:
 
 def checkpoint_defaults(ckpt: dict) -> dict:
     """The command-line defaults a checkpoint implies: its model arguments (``model.<name>``) and its run's
-    validation split (``data.val_size``: another split would validate on images the run trained on)."""
+    validation split (``data.<name>`` of ``SPLIT_KEYS``: another split would validate on images the run trained on)."""
     # names starting with "_" are Lightning's bookkeeping (e.g. _class_path), not arguments
     hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
     defaults = {f"model.{k}": list(v) if isinstance(v, tuple) else v for k, v in hparams.items()}
-    val_size = ckpt.get("datamodule_hyper_parameters", {}).get("val_size")
-    if val_size is not None:
-        defaults["data.val_size"] = val_size
+    data = ckpt.get("datamodule_hyper_parameters", {})
+    defaults.update({f"data.{k}": data[k] for k in SPLIT_KEYS if data.get(k) is not None})
     return defaults
+
+
+def checkpoint_data(ckpt: dict) -> dict | None:
+    """The data module a checkpoint's run used, ``{"class_path": ..., "init_args": {...}}``, as the command line
+    recorded it (None for a checkpoint written outside the command line)."""
+    hparams = ckpt.get("datamodule_hyper_parameters", {})
+    class_path = hparams.get("_class_path")
+    if class_path is None:
+        return None
+    return {"class_path": class_path, "init_args": {k: v for k, v in hparams.items() if not k.startswith("_")}}
 
 
 def metrics_rows_before(path: Path, step: int) -> list[dict]:
