@@ -7,6 +7,7 @@ import hashlib
 import os
 import pickle
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,7 @@ class _NumpyOnly(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR-10 batch file")
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR batch file")
         return super().find_class(module, name)
 
 
@@ -142,19 +143,28 @@ def read_cifar10(
 
 def download_cifar10(data_dir: Path, timeout: float = 30.0) -> None:
     """torchvision's download of the python layout, failing fast (no hanging) when there is no network."""
-    from torchvision.datasets.utils import download_and_extract_archive
     from torchvision.datasets import CIFAR10
 
-    if data_dir.name in LAYOUTS:  # the archive unpacks to cifar-10-batches-py: it would land inside this folder
-        raise FileNotFoundError(_missing_message(
+    download(CIFAR10, data_dir, tuple(LAYOUTS), "cifar-10-batches-py", _missing_message, timeout)
+
+
+def download(dataset, data_dir: Path, folders: tuple[str, ...], unpacks: str,
+             missing_message: Callable[[Path, str, str], str], timeout: float = 30.0) -> None:
+    """torchvision's download of ``dataset`` (its class: ``url``, ``filename``, ``tgz_md5``) into ``data_dir``, where
+    it unpacks to the folder ``unpacks``; failing fast (no hanging) without a network, with ``missing_message``'s
+    advice. ``data_dir`` must not itself be one of the dataset's ``folders``: the archive would unpack inside it."""
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    if data_dir.name in folders:
+        raise FileNotFoundError(missing_message(
             data_dir.parent, "train", f" ({str(data_dir)!r} is missing or empty; a download unpacks "
-            f"cifar-10-batches-py, so point --data.data_dir at {str(data_dir.parent)!r} to download there)"))
+            f"{unpacks}, so point --data.data_dir at {str(data_dir.parent)!r} to download there)"))
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)
     try:
-        download_and_extract_archive(CIFAR10.url, str(data_dir), filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
+        download_and_extract_archive(dataset.url, str(data_dir), filename=dataset.filename, md5=dataset.tgz_md5)
     except Exception as err:  # any network or archive error: report what to do instead
-        raise FileNotFoundError(_missing_message(data_dir, "train", f" and the download failed ({err})")) from None
+        raise FileNotFoundError(missing_message(data_dir, "train", f" and the download failed ({err})")) from None
     finally:
         socket.setdefaulttimeout(previous)
 

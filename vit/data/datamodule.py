@@ -85,6 +85,22 @@ class InMemoryDataModule(L.LightningDataModule):
         # (x / 255 - mean) / std in place on one new float32 copy: the same numbers, a third of the memory traffic
         return images.to(torch.float32, copy=True).div_(255).sub_(mean).div_(std)
 
+    def split_last(self, images: Tensor, labels: Tensor, val_size: int, stage: str | None) -> None:
+        """``splits["train"]`` and ``splits["val"]``: the last ``val_size`` images validate, the rest train; refused
+        when that leaves less than one training batch (on every device) to a run that trains."""
+        if val_size >= len(labels):
+            raise ValueError(f"val_size {val_size} must be smaller than the {len(labels)} training images")
+        cut = len(labels) - val_size
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if stage in ("fit", None) and cut < self.batch_size * world:
+            raise ValueError(
+                f"val_size {val_size} leaves {cut} training images, fewer than one batch of "
+                f"{self.batch_size}{f' on each of {world} devices' if world > 1 else ''}: no training step "
+                "would run; lower val_size or batch_size"
+            )
+        self.splits["train"] = _InMemory(images[:cut], labels[:cut])
+        self.splits["val"] = _InMemory(images[cut:], labels[cut:])
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         return DataLoader(
             self.splits[split],
@@ -171,18 +187,6 @@ class CIFAR10DataModule(InMemoryDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if stage in ("fit", "validate", None) and "train" not in self.splits:
-            images, labels = read_cifar10(self.data_dir, train=True, verify=self.hparams.verify)
-            if self.val_size >= len(labels):
-                raise ValueError(f"val_size {self.val_size} must be smaller than the {len(labels)} training images")
-            cut = len(labels) - self.val_size
-            world = self.trainer.world_size if self.trainer is not None else 1
-            if stage in ("fit", None) and cut < self.batch_size * world:
-                raise ValueError(
-                    f"val_size {self.val_size} leaves {cut} training images, fewer than one batch of "
-                    f"{self.batch_size}{f' on each of {world} devices' if world > 1 else ''}: no training step "
-                    "would run; lower val_size or batch_size"
-                )
-            self.splits["train"] = _InMemory(images[:cut], labels[:cut])
-            self.splits["val"] = _InMemory(images[cut:], labels[cut:])
+            self.split_last(*read_cifar10(self.data_dir, train=True, verify=self.hparams.verify), self.val_size, stage)
         if stage in ("test", "predict", None) and "test" not in self.splits:
             self.splits["test"] = _InMemory(*read_cifar10(self.data_dir, train=False, verify=self.hparams.verify))

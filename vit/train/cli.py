@@ -21,7 +21,9 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vit.data.datamodule import InMemoryDataModule
-from vit.data.folder import ImageFolderDataModule  # noqa: F401 - imported so that --data ImageFolderDataModule resolves
+# imported so that --data CIFAR100DataModule and --data ImageFolderDataModule resolve by their names
+from vit.data.cifar100 import CIFAR100DataModule  # noqa: F401
+from vit.data.folder import ImageFolderDataModule  # noqa: F401
 from vit.train import runs
 from vit.train.callbacks import CheckpointWriteError, LastCheckpoint
 from vit.train.classifier import ViTClassifier
