@@ -15,6 +15,7 @@ import torch
 from helpers import SMOKE
 from vit.data import cifar100
 from vit.data.cifar100 import CIFAR100DataModule, read_cifar100, read_cifar100_classes
+from vit.data.datamodule import CIFAR10DataModule
 from vit.train.cli import main
 from vit.weights.checkpoint import DATA_KEY
 
@@ -172,7 +173,7 @@ def test_every_option_is_described_in_the_help(capsys):
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     blocks = {b.split()[0]: b for b in re.split(r"\n(?=  --)", text) if b.startswith("  --data.")}
-    names = inspect.signature(CIFAR100DataModule).parameters
+    names = {"labels", *inspect.signature(CIFAR10DataModule).parameters}  # its own, and the CIFAR-10 module's
     assert set(blocks) == {f"--data.{name}" for name in names} and "--data.labels {fine,coarse}" in text
     for option, block in blocks.items():  # words between the option (with its metavar or choices) and "(type:"
         description = re.sub(r"^\s*--\S+( [A-Z_]+| \{[^}]*\})?", "", block).split("(type:")[0]

@@ -14,9 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vit.data.augment import BatchAugment
 from vit.data.cifar10 import DATA_DIR_ENV, _md5, _NumpyOnly, default_data_dir, download
-from vit.data.datamodule import InMemoryDataModule, _InMemory
+from vit.data.datamodule import CIFAR10DataModule
 
 
 FOLDER = "cifar-100-python"
@@ -128,63 +127,24 @@ def download_cifar100(data_dir: Path, timeout: float = 30.0) -> None:
     download(CIFAR100, data_dir, (FOLDER,), FOLDER, _missing_message, timeout)
 
 
-class CIFAR100DataModule(InMemoryDataModule):
-    """CIFAR-100 from local files (or torchvision's download), kept in memory as uint8 tensors.
-
-    Training batches are augmented on the device they are moved to (random crop with padding, horizontal
-    flip, an optional TrivialAugment/RandAugment policy, optional random erasing), then every batch is
-    normalised with the CIFAR-100 mean and standard deviation. The validation split is the last ``val_size``
-    training images. ``num_classes`` is known right after construction (100 or 20); ``classes`` (the names in
-    ``meta``) once the data is there.
+class CIFAR100DataModule(CIFAR10DataModule):
+    """CIFAR-100 from local files (or torchvision's download), kept in memory as uint8 tensors: the CIFAR-10 module
+    (the same arguments, augmentation and last-images validation split) over the CIFAR-100 files, normalised with
+    CIFAR-100's mean and standard deviation. ``num_classes`` is known right after construction (100 or 20);
+    ``classes`` (the names in ``meta``) once the data is there.
 
     Args:
-        data_dir: folder holding ``cifar-100-python`` (or that folder itself); default ``$VIT_DATA_DIR`` or
-            ``data/``.
+        data_dir: folder holding cifar-100-python (or that folder itself); default $VIT_DATA_DIR or data/.
         labels: the 100 fine classes or the 20 coarse superclasses.
-        batch_size: training batch size per device.
-        eval_batch_size: validation/test batch size (default: ``2 * batch_size``; no gradients to keep).
-        val_size: images held out from the end of the training set for validation.
-        download: fetch the python layout through torchvision when no local copy is found.
-        verify: check each file against its official MD5 sum.
-        crop_padding: zero padding of the random crop (0 disables the crop).
-        flip: random horizontal flip.
-        policy: extra augmentation policy applied after crop and flip.
-        num_ops: RandAugment operations per image.
-        magnitude: RandAugment magnitude (0-30).
-        erasing: probability of zeroing a random rectangle of each training image.
-        num_workers: loader processes; the data is already in memory, so 0 is usually fastest.
+        **kwargs: as CIFAR10DataModule (batch_size, val_size, download, verify, augmentation, ...).
     """
 
-    def __init__(
-        self,
-        data_dir: str | None = None,
-        labels: Literal["fine", "coarse"] = "fine",
-        batch_size: int = 128,
-        eval_batch_size: int | None = None,
-        val_size: int = 5000,
-        download: bool = True,
-        verify: bool = True,
-        crop_padding: int = 4,
-        flip: bool = True,
-        policy: Literal["none", "trivial", "randaugment"] = "none",
-        num_ops: int = 2,
-        magnitude: int = 9,
-        erasing: float = 0.0,
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(batch_size, eval_batch_size, num_workers)
+    def __init__(self, data_dir: str | None = None, labels: Literal["fine", "coarse"] = "fine", **kwargs) -> None:
         if labels not in NUM_CLASSES:
             raise ValueError(f"labels must be 'fine' or 'coarse', got {labels!r}")
-        if val_size < 0:
-            raise ValueError(f"val_size must be >= 0, got {val_size}")
-        self.augment = BatchAugment(crop_padding=crop_padding, flip=flip, policy=policy, num_ops=num_ops,
-                                    magnitude=magnitude, erasing=erasing)
-        self.save_hyperparameters()
-        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir()).expanduser()
+        super().__init__(data_dir, **kwargs)
         self.labels = labels
-        self.val_size = val_size
         self._classes: list[str] | None = None
-        self.image_size = 32
         self.mean, self.std = CIFAR100_MEAN, CIFAR100_STD
 
     @property
@@ -203,13 +163,10 @@ class CIFAR100DataModule(InMemoryDataModule):
         if find_cifar100(self.data_dir) is None and self.hparams.download:
             download_cifar100(self.data_dir)
 
-    def _read(self, train: bool) -> tuple[Tensor, Tensor]:
+    def read(self, train: bool) -> tuple[Tensor, Tensor]:
         return read_cifar100(self.data_dir, train=train, labels=self.labels, verify=self.hparams.verify)
 
     def setup(self, stage: str | None = None) -> None:
-        if stage in ("fit", "validate", None) and "train" not in self.splits:
-            self.split_last(*self._read(train=True), self.val_size, stage)
-        if stage in ("test", "predict", None) and "test" not in self.splits:
-            self.splits["test"] = _InMemory(*self._read(train=False))
+        super().setup(stage)
         # the names travel with the weights (the classifier's setup reads them next): fail here if they are unreadable
         _ = self.classes

@@ -153,6 +153,8 @@ class CIFAR10DataModule(InMemoryDataModule):
         num_workers: loader processes; the data is already in memory, so 0 is usually fastest.
     """
 
+    classes = list(CIFAR10_CLASSES)
+
     def __init__(
         self,
         data_dir: str | None = None,
@@ -177,7 +179,6 @@ class CIFAR10DataModule(InMemoryDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir if data_dir is not None else default_data_dir()).expanduser()
         self.val_size = val_size
-        self.classes = list(CIFAR10_CLASSES)
         self.image_size = 32
         self.mean, self.std = CIFAR10_MEAN, CIFAR10_STD
 
@@ -185,8 +186,12 @@ class CIFAR10DataModule(InMemoryDataModule):
         if find_cifar10(self.data_dir) is None and self.hparams.download:
             download_cifar10(self.data_dir)
 
+    def read(self, train: bool) -> tuple[Tensor, Tensor]:
+        """The training or test split's uint8 images and int64 labels, from the files."""
+        return read_cifar10(self.data_dir, train=train, verify=self.hparams.verify)
+
     def setup(self, stage: str | None = None) -> None:
         if stage in ("fit", "validate", None) and "train" not in self.splits:
-            self.split_last(*read_cifar10(self.data_dir, train=True, verify=self.hparams.verify), self.val_size, stage)
+            self.split_last(*self.read(train=True), self.val_size, stage)
         if stage in ("test", "predict", None) and "test" not in self.splits:
-            self.splits["test"] = _InMemory(*read_cifar10(self.data_dir, train=False, verify=self.hparams.verify))
+            self.splits["test"] = _InMemory(*self.read(train=False))
