@@ -20,15 +20,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from vit.data.datamodule import InMemoryDataModule
-# imported so that --data CIFAR100DataModule and --data ImageFolderDataModule resolve by their names
+# the data modules are imported so that --data CIFAR100DataModule and --data ImageFolderDataModule resolve
 from vit.data.cifar100 import CIFAR100DataModule  # noqa: F401
+from vit.data.datamodule import InMemoryDataModule
 from vit.data.folder import ImageFolderDataModule  # noqa: F401
 from vit.train import runs
 from vit.train.callbacks import CheckpointWriteError, LastCheckpoint
 from vit.train.classifier import ViTClassifier
 from vit.train.runtime import keep_freed_memory
-from vit.nn.config import pair
 from vit.weights.checkpoint import CONFIG_KEY, load_checkpoint_file
 
 
@@ -53,12 +52,13 @@ class ArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None):
         message = _union_error(message)
-        linked = (re.search(r'Linked "(model\.\w+)" must be given via "(data\.\w+)"', message)
-                  or re.search(r"argument (?P<b>data\.\w+) --> (?P<a>model\.\w+)", message))
+        # jsonargparse refuses a link's target as 'Linked "model.x" must be given via "data.x"' or, for a Union
+        # type, as "argument data.x --> model.x: ..."
+        linked = "must be given via" in message or re.search(r"data\.\w+ --> model\.", message)
         if re.search(r"(?:^|\s)--(optimizer|lr_scheduler)\b", message):
             message = f"{message.split(':')[0]}: --optimizer/--lr_scheduler are not options here; {OWN_OPTIMIZER}"
         elif linked:
-            target, source = (linked["a"], linked["b"]) if "a" in linked.groupdict() else (linked[1], linked[2])
+            target, source = re.search(r"model\.\w+", message)[0], re.search(r"data\.\w+", message)[0]
             message = (f"--{target} comes from the data ({source}): drop it; for a folder of images, "
                        "--data.image_size sets the size")
         else:
