@@ -15,7 +15,7 @@ The package is layered, each layer importing only those below it:
 from vit.nn import SIZES, Block, MultiHeadAttention, ViT, ViTConfig, attend, attention_rollout, patchify, size_config
 from vit.nn import unpatchify
 from vit.train.optim import MuonAdamW
-from vit.weights import load_checkpoint, load_safetensors, save_safetensors, vit_from_timm
+from vit.weights import load_checkpoint, load_pretrained, load_safetensors, save_safetensors, vit_from_timm
 
 __all__ = [
     "SIZES",
@@ -29,6 +29,7 @@ __all__ = [
     "attend",
     "attention_rollout",
     "load_checkpoint",
+    "load_pretrained",
     "load_safetensors",
     "patchify",
     "save_safetensors",
