@@ -24,6 +24,7 @@ from vit.nn.config import ViTConfig, pair
 from vit.nn.embed import resample_pos_embed
 from vit.nn.vit import ViT
 from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY, load_checkpoint_file, vit_weights
+from vit.weights.safetensors import read_safetensors
 from vit.weights.timm import vit_from_timm
 
 TIMM_PREFIX = "timm:"
@@ -151,7 +152,7 @@ def _read(source, name: str, weights: str, requested: dict) -> tuple[dict, dict,
     if not path.is_file():
         raise FileNotFoundError(f"pretrained weights {name} do not exist (a file, or timm:NAME for a timm model)")
     if path.suffix.lower() == ".safetensors":
-        state, metadata = _read_safetensors(path, name)
+        state, metadata = read_safetensors(path)
         _only_model_weights(weights, name)
         if CONFIG_KEY in metadata:
             data_info = json.loads(metadata[DATA_KEY]) if DATA_KEY in metadata else None
@@ -215,18 +216,6 @@ def _from_timm_state(state: dict, name: str, requested: dict) -> tuple[dict, dic
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
     return model.config.to_dict(), model.state_dict(), None
-
-
-def _read_safetensors(path: Path, name: str) -> tuple[dict, dict]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(path, framework="pt") as f:
-            metadata = f.metadata() or {}
-            state = {key: f.get_tensor(key) for key in f.keys()}
-    except SafetensorError as err:
-        raise ValueError(f"{name} is not a readable safetensors file ({err})") from None
-    return state, metadata
 
 
 def _torch_load(path: Path, name: str):

@@ -34,18 +34,24 @@ def save_safetensors(model: ViT, path: str | os.PathLike) -> None:
     path.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def load_safetensors(path: str | os.PathLike) -> ViT:
-    """The ``ViT`` saved by :func:`save_safetensors` at ``path``, in eval mode (as every loader): config from the
-    header, then the weights, in the dtype they were saved in."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
+def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict]:
+    """The tensors and the header metadata of any safetensors file; an unreadable one is a ``ValueError``."""
     try:
         with safe_open(path, framework="pt") as f:
             metadata = f.metadata() or {}
             state = {name: f.get_tensor(name) for name in f.keys()}
     except SafetensorError as err:
         raise ValueError(f"{str(path)!r} is not a readable safetensors file ({err})") from None
+    return state, metadata
+
+
+def load_safetensors(path: str | os.PathLike) -> ViT:
+    """The ``ViT`` saved by :func:`save_safetensors` at ``path``, in eval mode (as every loader): config from the
+    header, then the weights, in the dtype they were saved in."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"safetensors file {str(path)!r} does not exist")
+    state, metadata = read_safetensors(path)
     if CONFIG_KEY not in metadata:
         raise ValueError(
             f"{str(path)!r} has no {CONFIG_KEY!r} in its metadata: it was not written by ViT.save_safetensors. "
