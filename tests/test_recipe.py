@@ -97,6 +97,30 @@ def test_test_time_flip_averages_the_two_views():
     torch.testing.assert_close(seen["logits"].exp(), probs)
 
 
+def test_shifted_views_are_the_image_moved_one_pixel_each_way_and_their_mirrors():
+    images = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).reshape(2, 3, 8, 8)
+    out = vit.nn.views(images, flip=True, shift=1).unflatten(0, (6, 2))
+    torch.testing.assert_close(out[0], images)
+    torch.testing.assert_close(out[1][..., 1:, 1:], images[..., :-1, :-1])  # moved down-right
+    torch.testing.assert_close(out[2][..., :-1, :-1], images[..., 1:, 1:])  # moved up-left
+    torch.testing.assert_close(out[3:], out[:3].flip(-1))
+    with pytest.raises(ValueError, match="shift must be in"):
+        vit.nn.views(images, shift=8)
+
+
+def test_test_time_shift_averages_six_views_in_one_batch():
+    module = vit.ViTClassifier(**TINY, tta_flip=True, tta_shift=1).eval()
+    images, labels = torch.randn(4, 3, 32, 32), torch.arange(4)
+    seen = {}
+    module.test_metrics.update = lambda logits, _: seen.setdefault("logits", logits)
+    with torch.no_grad():
+        module.test_step((images, labels), 0)
+        probs = torch.stack([module.model(v).softmax(-1) for v in vit.nn.views(images, True, 1).split(4)]).mean(0)
+    torch.testing.assert_close(seen["logits"].exp(), probs)
+    with pytest.raises(ValueError, match="tta_shift must be >= 0"):
+        vit.ViTClassifier(**TINY, tta_shift=-1)
+
+
 def test_ema_weights_differ_and_are_what_test_evaluates(fake_data, workdir):
     main(["fit", "--config", SMOKE, *data_args(fake_data), "--model.ema_decay", "0.9"])
     last = workdir / "runs" / "smoke" / "version_0" / "checkpoints" / "last.ckpt"

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from vit.data.cifar10 import CIFAR10_CLASSES, default_data_dir
 from vit.nn.config import ViTConfig
+from vit.nn.tta import tta_probs
 from vit.nn.vit import ViT
 from vit.tools.attention_maps import CAPTION, TILE, heat_maps, render
 from vit.tools.common import ToolParser, check_output_path, parse_device
@@ -270,17 +271,16 @@ class Evaluation:
 
 
 @torch.no_grad()
-def evaluate(model: ViT, dm, split: str, device: torch.device, tta_flip: bool) -> Evaluation:
-    """Class probabilities of every image of ``split``, normalised as in training (no augmentation)."""
+def evaluate(model: ViT, dm, split: str, device: torch.device, tta_flip: bool = False, tta_shift: int = 0
+             ) -> Evaluation:
+    """Class probabilities of every image of ``split``, normalised as in training, over the views validation
+    averaged (vit.nn.tta)."""
     dm.setup("fit" if split == "val" else "test")
     loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
     probs, labels = [], []
     for images, targets in loader:
         x = dm.normalize(images.to(device)).to(model.pos_embed.dtype)
-        p = model(x).float().softmax(-1)
-        if tta_flip:  # as validation did
-            p = (p + model(x.flip(-1)).float().softmax(-1)) / 2
-        probs.append(p.cpu())
+        probs.append(tta_probs(model, x, tta_flip, tta_shift).cpu())
         labels.append(targets)
     if not probs:
         raise ValueError(f"the {split} split is empty")
@@ -593,6 +593,8 @@ def training_settings(run: Run, batch_size) -> str:
     for key in ("freeze_backbone", "tta_flip", "eval_ema", "compile"):
         if hp.get(key):
             parts.append(key)
+    if hp.get("tta_shift"):
+        parts.append(f"tta_shift {hp['tta_shift']}")
     if hp.get("pretrained"):
         parts.append(f"from {hp['pretrained']}")
     length = []
@@ -747,7 +749,8 @@ def evaluation_sections(run: Run, model: ViT | None, dm, data_error: str | None,
     evaluation = None
     if reason is None:
         try:
-            evaluation = evaluate(model.to(device), dm, split, device, bool(run.hparams.get("tta_flip")))
+            evaluation = evaluate(model.to(device), dm, split, device, bool(run.hparams.get("tta_flip")),
+                                  int(run.hparams.get("tta_shift") or 0))
         except (OSError, ValueError, RuntimeError) as err:
             reason = f"the {split_name} split could not be loaded: {first_line(err)}"
             if isinstance(err, (OSError, FileNotFoundError)) or "data_dir" in str(err):

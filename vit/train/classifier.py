@@ -18,6 +18,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.data.augment import mix
 from vit.nn.config import ViTConfig
+from vit.nn.tta import tta_probs
 from vit.nn.vit import ViT
 from vit.train.optim import make_optimizer, param_groups, warmup_cosine, warmup_cosine_by_progress
 from vit.weights.checkpoint import CONFIG_KEY, DATA_KEY
@@ -60,6 +61,8 @@ class ViTClassifier(L.LightningModule):
         ema_decay: decay of an exponential moving average of the weights; 0 keeps none.
         eval_ema: validate and test the weight average instead of the trained weights.
         tta_flip: average each evaluated image's predictions with its mirror image's.
+        tta_shift: also average the views shifted this many pixels down-right and up-left (reflect-padded;
+            with tta_flip, their mirror images too: 6 views); 0: off. See vit.nn.tta.
         compile: compile the network with torch.compile.
         **arch: the architecture: the fields of vit.ViTConfig.
     """
@@ -86,6 +89,7 @@ class ViTClassifier(L.LightningModule):
         ema_decay: float = 0.0,
         eval_ema: bool = False,
         tta_flip: bool = False,
+        tta_shift: int = 0,
         compile: bool = False,
         **arch,
     ) -> None:
@@ -95,6 +99,8 @@ class ViTClassifier(L.LightningModule):
             raise ValueError(f"num_classes must be >= 2 for classification training, got {config.num_classes}")
         if not 0 <= patch_drop_until <= 1:
             raise ValueError(f"patch_drop_until must be in [0, 1] (a share of the steps), got {patch_drop_until}")
+        if tta_shift < 0:
+            raise ValueError(f"tta_shift must be >= 0 pixels (0 turns the shifted views off), got {tta_shift}")
         if not 0 <= low_res_until <= 1:
             raise ValueError(f"low_res_until must be in [0, 1] (a share of the steps), got {low_res_until}")
         if low_res_size is not None:
@@ -190,9 +196,11 @@ class ViTClassifier(L.LightningModule):
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         images, labels = batch
-        logits = self.eval_model(images)
-        if self.hparams.tta_flip:
-            logits = (logits.softmax(-1) + self.eval_model(images.flip(-1)).softmax(-1)).div(2).log()
+        hp = self.hparams
+        if hp.tta_flip or hp.tta_shift:
+            logits = tta_probs(self.eval_model, images, hp.tta_flip, hp.tta_shift).log()
+        else:
+            logits = self.eval_model(images)
         loss = F.cross_entropy(logits, labels)
         metrics = self.val_metrics if stage == "val" else self.test_metrics
         metrics.update(logits, labels)
