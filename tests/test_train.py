@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from lightning.pytorch.callbacks import Timer
 
@@ -111,6 +112,22 @@ def test_print_config_shows_the_full_config(capsys):
         main(["fit", "--config", SMOKE, "--model.lr", "0.002", "--print_config"])
     out = capsys.readouterr().out
     assert "lr: 0.002" in out and "max_epochs: 2" in out and "data_dir:" in out
+
+
+@pytest.mark.parametrize("configs, max_time, name", [
+    (["cifar10_cpu15.yaml"], "00:00:15:00", "cifar10_cpu15"),
+    (["cifar10_cpu15.yaml", "cifar10_cpu5.yaml"], "00:00:05:00", "cifar10_cpu5"),
+    (["cifar10_cpu15.yaml", "cifar10_cpu60.yaml"], "00:01:00:00", "cifar10_cpu60"),
+    (["cifar10_vit_small.yaml"], None, "cifar10_vit_small"),
+])
+def test_shipped_configs_resolve(configs, max_time, name, capsys):
+    """Every config in configs/ parses; the 5- and 60-minute ones change only the budget of the 15-minute one."""
+    with pytest.raises(SystemExit):
+        main(["fit", *[arg for c in configs for arg in ("--config", str(REPO / "configs" / c))], "--print_config"])
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["trainer"]["max_time"] == max_time and config["trainer"]["logger"]["init_args"]["name"] == name
+    if max_time:
+        assert config["trainer"]["max_epochs"] == -1 and config["model"]["patch_drop_until"] == 0.9
 
 
 @pytest.mark.slow
