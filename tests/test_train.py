@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from PIL import Image
 
 from lightning.pytorch.callbacks import Timer
 
@@ -177,6 +178,22 @@ def test_weight_average_updates_once_per_optimizer_step(fake_data, workdir, monk
 
 
 @pytest.mark.slow
+def test_accuracy_against_budget_from_run_folders(fake_data, workdir):
+    """scripts/plot_budgets.py turns a time-budget run, tested on its final weights, into a table row and a PNG."""
+    main(["fit", "--config", SMOKE, *data_args(fake_data), "--trainer.max_epochs", "-1", "--trainer.max_time",
+          "00:00:00:03", "--trainer.limit_train_batches", "2", "--trainer.check_val_every_n_epoch", "5"])
+    run = workdir / "runs" / "smoke" / "version_0"
+    tested = main(["test", "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *data_args(fake_data)])
+    figure = workdir / "accuracy.png"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_budgets.py"), str(run), "--out", str(figure)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| 0.05 min |"))
+    assert f"{100 * tested.trainer.callback_metrics['test/acc'].item():.2f}%" in row
+    with Image.open(figure) as image:
+        assert image.format == "PNG" and image.size == (640, 420)
+
+
 def test_time_budget_alone_sizes_the_schedule(fake_data, workdir):
     """max_time without max_epochs/max_steps: the warmup + cosine runs over the budget and ends where it ends."""
     budget = 6  # seconds
