@@ -22,8 +22,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import yaml
+
+from vit.weights.checkpoint import load_checkpoint_file
 
 
 @dataclass
@@ -47,7 +48,7 @@ def read_run(folder: Path) -> BudgetRun:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     if not config["trainer"].get("max_time"):
         raise SystemExit(f"error: {folder} has no trainer.max_time: not a time-budget run")
-    ckpt = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint_file(folder / "checkpoints" / "last.ckpt")  # weights_only: no code runs
     timer = ckpt["callbacks"]["Timer"]["time_elapsed"]
     loop = ckpt["loops"]["fit_loop"]
     whole = loop["epoch_progress"]["total"]["completed"]  # epochs finished; the Timer stopped the next one

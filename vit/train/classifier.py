@@ -42,8 +42,8 @@ class ViTClassifier(L.LightningModule):
         layer_decay: layer-wise learning-rate decay for fine-tuning (e.g. 0.65-0.85): block i's rates are scaled by
             layer_decay ** (depth - i), the head's by 1. None: off.
         freeze_backbone: train the head only (a linear probe): every other weight stays as loaded.
-        patch_drop_until: share of the optimizer steps that drop patches (patch_drop); the later steps see
-            every token, as evaluation does.
+        patch_drop_until: share of the optimizer steps (of the time, with a time budget alone) that drop
+            patches (patch_drop); the later steps see every token, as evaluation does.
         low_res_size: train the first low_res_until share of the steps on images downsampled to this many
             pixels a side (progressive resolution; the model gets dynamic_img_size). None: off.
         low_res_until: share of the optimizer steps at low_res_size.
